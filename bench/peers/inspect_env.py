@@ -60,7 +60,7 @@ def ensure_inspect_python(venv_dir: Path, version: str = DEFAULT_VERSION) -> Pat
 
     if not python.exists():
         try:
-            venv.EnvBuilder(with_pip=True, clear=venv_dir.exists()).create(venv_dir)
+            venv.EnvBuilder(with_pip=True).create(venv_dir)
         except (OSError, subprocess.CalledProcessError) as exc:
             raise RuntimeError(f"could not create venv at {venv_dir}: {exc}") from exc
 

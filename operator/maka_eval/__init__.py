@@ -1,0 +1,3 @@
+"""maka-eval: reproducible, fair and safe AI-agent benchmark experiments."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,187 @@
+"""The experiment document: one benchmark, one executor, all subjects and tasks.
+
+Two wire forms mean the same experiment: the bare form (`schemaVersion: maka.eval.v1`,
+`id`, then the spec fields) and the Kubernetes form (`apiVersion: eval.maka.dev/v1alpha1`,
+`kind: Experiment`, `metadata.name`, `spec`). Both parse into `Experiment`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import ConfigDict, Field
+
+from maka_eval.spec.base import ExperimentId, Id, NonBlank, PositiveSeconds, SpecModel
+from maka_eval.spec.subjects import Subject
+
+SCHEMA_VERSION = "maka.eval.v1"
+API_GROUP = "eval.maka.dev"
+API_VERSION = f"{API_GROUP}/v1alpha1"
+
+
+class DirectoryBenchmarkConfig(SpecModel):
+    """Tasks are Harbor-format task directories under one folder."""
+
+    path: NonBlank = Field(
+        description="Folder holding one directory per task, relative to the experiment file."
+    )
+
+
+class Benchmark(SpecModel):
+    """What is being evaluated."""
+
+    id: Id = Field(description="Benchmark id.")
+    version: NonBlank = Field(description="Benchmark version (a string: quote numbers).")
+    kind: Literal["directory"] = Field(description="Where the tasks come from.")
+    config: DirectoryBenchmarkConfig
+
+
+class Task(SpecModel):
+    """One task of the benchmark."""
+
+    id: Id = Field(description="Task id; unique in the experiment.")
+    path: NonBlank | None = Field(
+        default=None,
+        description="Task directory relative to the benchmark folder (default: the id).",
+    )
+
+    @property
+    def directory_name(self) -> str:
+        """The task's directory under the benchmark folder."""
+        return self.path or self.id
+
+
+class RuntimeHost(SpecModel):
+    """The Runtime Host command that runs `maka` subjects."""
+
+    command: NonBlank = Field(description="Runtime Host program (on PATH or a path).")
+    args: tuple[str, ...] = Field(default=(), description="Arguments before the profile.")
+
+
+class LocalExecutorConfig(SpecModel):
+    """Settings of the embedded local executor (processes on this machine)."""
+
+    runtime_host: RuntimeHost | None = Field(
+        default=None, description="Required when any subject has kind 'maka'."
+    )
+
+
+class LocalExecutor(SpecModel):
+    """Run every cell as local processes, results in a run directory."""
+
+    kind: Literal["local"]
+    config: LocalExecutorConfig = Field(default_factory=LocalExecutorConfig)
+
+
+class Timeouts(SpecModel):
+    """Timeouts used when a task's task.toml does not set its own."""
+
+    agent_sec: PositiveSeconds = Field(default=900.0, description="Subject time limit.")
+    verifier_sec: PositiveSeconds = Field(default=600.0, description="Verifier time limit.")
+
+
+class Execution(SpecModel):
+    """How cells are scheduled; frozen with the experiment."""
+
+    max_concurrent_task_groups: int = Field(
+        ge=1, le=4096, description="At most this many task groups run at once."
+    )
+    max_infra_retries: int = Field(
+        default=2,
+        ge=0,
+        le=20,
+        description="Replacement attempts a cell gets after infrastructure failures.",
+    )
+    default_timeouts: Timeouts = Field(default_factory=Timeouts)
+
+
+class Budget(SpecModel):
+    """Shared experiment budget: no new task group starts once it is reached."""
+
+    max_cost_usd: float | None = Field(default=None, gt=0, description="Total cost limit.")
+    max_tokens: int | None = Field(default=None, gt=0, description="Total token limit.")
+
+
+class HarborVerifierConfig(SpecModel):
+    """Harbor-compatible verifier settings."""
+
+    score_key: NonBlank = Field(
+        default="reward",
+        description="Key of reward.json that becomes the score (reward.txt is 'reward').",
+    )
+
+
+class HarborVerifier(SpecModel):
+    """Run the task's tests/test.sh; read reward.json, then reward.txt."""
+
+    kind: Literal["harbor"]
+    config: HarborVerifierConfig = Field(default_factory=HarborVerifierConfig)
+
+
+class ExperimentSpec(SpecModel):
+    """Everything an experiment means, apart from its id."""
+
+    benchmark: Benchmark
+    executor: LocalExecutor
+    execution: Execution
+    subjects: tuple[Subject, ...] = Field(min_length=1, description="Agents under test.")
+    tasks: tuple[Task, ...] = Field(min_length=1, description="Tasks, in order.")
+    repetitions: int = Field(ge=1, le=100_000, description="Samples per task and subject.")
+    budget: Budget = Field(default_factory=Budget)
+    verifier: HarborVerifier
+
+
+class BareExperiment(ExperimentSpec):
+    """The bare form of the document (`schemaVersion: maka.eval.v1`)."""
+
+    schema_version: Literal["maka.eval.v1"]
+    id: ExperimentId
+
+
+class ObjectMeta(SpecModel):
+    """Kubernetes object metadata; server-populated fields are accepted and ignored."""
+
+    model_config = ConfigDict(extra="allow")
+
+    name: ExperimentId
+    namespace: str | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict)
+
+
+class KubernetesExperiment(SpecModel):
+    """The Kubernetes form of the document (`kind: Experiment`)."""
+
+    api_version: Literal["eval.maka.dev/v1alpha1"]
+    kind: Literal["Experiment"]
+    metadata: ObjectMeta
+    spec: ExperimentSpec
+    status: dict[str, Any] | None = Field(
+        default=None, description="Written by the operator; ignored when loading."
+    )
+
+
+class Experiment(SpecModel):
+    """An experiment, whichever form it was written in."""
+
+    id: ExperimentId
+    spec: ExperimentSpec
+
+    def canonical(self) -> dict[str, Any]:
+        """The bare-form document with every default filled in: the experiment's identity."""
+        body = self.spec.model_dump(mode="json", by_alias=True)
+        return {"schemaVersion": SCHEMA_VERSION, "id": self.id, **body}
+
+    def subject(self, subject_id: str) -> Subject:
+        """The subject with this id."""
+        for subject in self.spec.subjects:
+            if subject.id == subject_id:
+                return subject
+        raise KeyError(subject_id)
+
+    def task(self, task_id: str) -> Task:
+        """The task with this id."""
+        for task in self.spec.tasks:
+            if task.id == task_id:
+                return task
+        raise KeyError(task_id)
