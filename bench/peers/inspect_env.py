@@ -16,8 +16,7 @@ from pathlib import Path
 DEFAULT_VERSION = "0.3.285"
 _DISTRIBUTION = "inspect-ai"
 _VERSION_PROBE = (
-    "import importlib.metadata as m, sys; "
-    f"sys.stdout.write(m.version({_DISTRIBUTION!r}))"
+    f"import importlib.metadata as m, sys; sys.stdout.write(m.version({_DISTRIBUTION!r}))"
 )
 
 

@@ -1,0 +1,112 @@
+"""Artifact files: byte counts, sha256 digests, and copies with credentials redacted.
+
+Standard library only: the relay uses it inside task containers, the store locally.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+CHUNK = 1 << 16
+
+
+@dataclass(frozen=True)
+class ArtifactDigest:
+    """Size and content digest of one artifact."""
+
+    bytes: int
+    sha256: str
+
+
+def digest_file(path: Path) -> ArtifactDigest:
+    """Size and sha256 of a file."""
+    digest = hashlib.sha256()
+    size = 0
+    with path.open("rb") as handle:
+        while chunk := handle.read(CHUNK):
+            digest.update(chunk)
+            size += len(chunk)
+    return ArtifactDigest(size, digest.hexdigest())
+
+
+def redaction(name: str) -> bytes:
+    """What replaces a credential's value in an artifact."""
+    return f"[redacted:{name}]".encode()
+
+
+def _earliest(buf: bytes, start: int, secrets: Mapping[bytes, bytes]) -> tuple[int, bytes] | None:
+    best: tuple[int, bytes] | None = None
+    for secret in secrets:
+        at = buf.find(secret, start)
+        if at >= 0 and (
+            best is None or at < best[0] or (at == best[0] and len(secret) > len(best[1]))
+        ):
+            best = (at, secret)
+    return best
+
+
+def _redact_stream(src: BinaryIO, sink: BinaryIO, secrets: Mapping[bytes, bytes]) -> tuple[int, str]:
+    longest = max(len(s) for s in secrets)
+    digest = hashlib.sha256()
+    size = 0
+    carry = b""
+
+    def emit(data: bytes) -> None:
+        nonlocal size
+        if data:
+            sink.write(data)
+            digest.update(data)
+            size += len(data)
+
+    while True:
+        chunk = src.read(CHUNK)
+        buf = carry + chunk
+        # At the end of input everything is safe; otherwise keep a tail that might hold
+        # the start of a secret finishing in the next chunk.
+        safe_end = len(buf) if not chunk else len(buf) - (longest - 1)
+        i = 0
+        while (found := _earliest(buf, i, secrets)) is not None and found[0] < safe_end:
+            at, secret = found
+            emit(buf[i:at])
+            emit(secrets[secret])
+            i = at + len(secret)
+        cut = max(i, safe_end)
+        emit(buf[i:cut])
+        carry = buf[cut:]
+        if not chunk:
+            emit(carry)
+            return size, digest.hexdigest()
+
+
+def copy_artifact(
+    src: Path, dst: Path, secrets: Mapping[str, str] | None = None, *, fsync: bool = True
+) -> ArtifactDigest:
+    """Copy `src` to a new file `dst` (never overwriting), redacting secret values.
+
+    `secrets` maps a credential name to its value; every occurrence of a value becomes
+    `[redacted:NAME]`. The digest is of what was written.
+    """
+    replacements = {
+        value.encode(): redaction(name) for name, value in (secrets or {}).items() if value
+    }
+    fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+    with os.fdopen(fd, "wb") as sink, src.open("rb") as source:
+        if replacements:
+            size, sha = _redact_stream(source, sink, replacements)
+        else:
+            digest = hashlib.sha256()
+            size = 0
+            while chunk := source.read(CHUNK):
+                sink.write(chunk)
+                digest.update(chunk)
+                size += len(chunk)
+            sha = digest.hexdigest()
+        sink.flush()
+        if fsync:
+            os.fsync(sink.fileno())
+    return ArtifactDigest(size, sha)

@@ -1,0 +1,59 @@
+"""The shared experiment budget: cost and tokens spent across every attempt."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from maka_eval.engine.usage import Usage
+
+
+@dataclass(frozen=True)
+class BudgetState:
+    """Limits and what has been spent so far (every attempt counts, whatever its status)."""
+
+    max_cost_usd: float | None
+    max_tokens: int | None
+    spent_cost_usd: float = 0.0
+    spent_tokens: int = 0
+
+    @property
+    def exhausted(self) -> bool:
+        """Whether no new task group may start."""
+        if self.max_cost_usd is not None and self.spent_cost_usd >= self.max_cost_usd:
+            return True
+        return self.max_tokens is not None and self.spent_tokens >= self.max_tokens
+
+    def spend(self, usage: Usage | None, cost_usd: float | None) -> BudgetState:
+        """The state after one more attempt."""
+        return BudgetState(
+            self.max_cost_usd,
+            self.max_tokens,
+            self.spent_cost_usd + (cost_usd or 0.0),
+            self.spent_tokens + (usage.total_tokens if usage else 0),
+        )
+
+    def describe(self) -> str:
+        """One line: what is spent of what is allowed."""
+        parts = []
+        if self.max_cost_usd is not None:
+            parts.append(f"${self.spent_cost_usd:.4f} of ${self.max_cost_usd:g}")
+        else:
+            parts.append(f"${self.spent_cost_usd:.4f} (no cost limit)")
+        if self.max_tokens is not None:
+            parts.append(f"{self.spent_tokens:,} of {self.max_tokens:,} tokens")
+        else:
+            parts.append(f"{self.spent_tokens:,} tokens (no token limit)")
+        return ", ".join(parts)
+
+
+def budget_state(
+    max_cost_usd: float | None,
+    max_tokens: int | None,
+    spending: Iterable[tuple[Usage | None, float | None]],
+) -> BudgetState:
+    """The budget after the given (usage, cost) of every attempt so far."""
+    state = BudgetState(max_cost_usd, max_tokens)
+    for usage, cost in spending:
+        state = state.spend(usage, cost)
+    return state

@@ -1,0 +1,200 @@
+"""The status rules (DESIGN.md section 2): what an attempt's evidence makes of it.
+
+This is the one place these rules live. The relay collects the evidence (how the
+execution ended, the result frame, the verifier's reward, metered model work) and calls
+`classify`; nothing else decides a status.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+from maka_eval.engine.status import AttemptStatus, StatusSource, SubjectStatus
+from maka_eval.engine.usage import Usage
+
+
+class ResultContract(str, Enum):
+    """How a subject reports its result."""
+
+    EXIT_CODE = "exit-code"
+    PROTOCOL_V1 = "protocol-v1"
+
+
+class ExecutionEnd(str, Enum):
+    """How the subject's execution ended, as the relay observed it."""
+
+    EXITED = "exited"
+    """The subject exited on its own."""
+    TIMED_OUT = "timed_out"
+    """The framework timeout cut it off (the relay quiesced it)."""
+    CANCELLED = "cancelled"
+    """The run was cancelled while it ran (the relay quiesced it)."""
+    THREW = "threw"
+    """The execution call itself failed: the relay, the executor or the host."""
+
+
+@dataclass(frozen=True)
+class Execution:
+    """How the execution ended."""
+
+    end: ExecutionEnd
+    exit_code: int | None = None
+    error: str | None = None
+    timeout_sec: float | None = None
+
+
+class FrameState(str, Enum):
+    """What the relay found on the result-frame channel."""
+
+    NOT_EXPECTED = "not_expected"
+    ABSENT = "absent"
+    VALID = "valid"
+    MALFORMED = "malformed"
+    OVERSIZED = "oversized"
+
+
+@dataclass(frozen=True)
+class Frame:
+    """A protocol-v1 result frame as read (status and usage only when VALID)."""
+
+    state: FrameState
+    status: SubjectStatus | None = None
+    usage: Usage | None = None
+    cost_usd: float | None = None
+    error: str | None = None
+
+    @property
+    def valid(self) -> bool:
+        return self.state is FrameState.VALID
+
+
+NO_FRAME = Frame(FrameState.NOT_EXPECTED)
+
+
+@dataclass(frozen=True)
+class Verification:
+    """The verifier's outcome: a score, or why there is none."""
+
+    score: float | None
+    error: str | None = None
+
+
+NOT_VERIFIED = Verification(None, "the verifier did not run")
+
+
+@dataclass(frozen=True)
+class MeteredWork:
+    """Model work a metering proxy observed (provider-usage checkpoint)."""
+
+    admitted_requests: int
+    usage: Usage | None = None
+    cost_usd: float | None = None
+
+
+@dataclass(frozen=True)
+class Classification:
+    """The recorded outcome of one attempt."""
+
+    status: AttemptStatus
+    score: float | None
+    usage: Usage | None
+    cost_usd: float | None
+    source: StatusSource
+    reason: str | None = None
+    exit_code: int | None = None
+    """Recorded only when the exit code decided the status, so the record can never hold
+    a frame status and an exit code that say different things."""
+
+
+def _attributed(frame: Frame, metered: MeteredWork | None) -> tuple[Usage | None, float | None]:
+    """Usage and cost to record: the frame's when it is valid, else what was metered."""
+    if frame.valid and (frame.usage is not None or frame.cost_usd is not None):
+        return frame.usage, frame.cost_usd
+    if metered is not None:
+        return metered.usage, metered.cost_usd
+    return None, None
+
+
+def _frame_problem(frame: Frame) -> str:
+    if frame.state is FrameState.ABSENT:
+        return "the result frame is missing"
+    if frame.state is FrameState.OVERSIZED:
+        return f"the result frame is oversized ({frame.error})"
+    return f"the result frame is malformed ({frame.error})"
+
+
+def _from_exit_code(exit_code: int | None) -> AttemptStatus:
+    return AttemptStatus.COMPLETED if exit_code == 0 else AttemptStatus.SUBJECT_FAILED
+
+
+def classify(
+    contract: ResultContract,
+    execution: Execution,
+    frame: Frame = NO_FRAME,
+    verification: Verification = NOT_VERIFIED,
+    metered: MeteredWork | None = None,
+) -> Classification:
+    """Apply the status rules to one attempt's evidence."""
+    usage, cost = _attributed(frame, metered)
+
+    if execution.end is ExecutionEnd.CANCELLED:
+        return Classification(
+            AttemptStatus.CANCELLED, None, usage, cost, StatusSource.CANCELLATION,
+            "the run was cancelled while the attempt ran",
+        )
+    if execution.end is ExecutionEnd.THREW:
+        # Admitted work stays attributed, but an infrastructure failure is never a zero.
+        return Classification(
+            AttemptStatus.INFRA_FAILED, None, usage, cost, StatusSource.INFRASTRUCTURE,
+            f"the execution failed: {execution.error or 'unknown error'}",
+        )
+    if verification.score is None:
+        return Classification(
+            AttemptStatus.INFRA_FAILED, None, usage, cost, StatusSource.VERIFIER,
+            f"the verifier produced no reward: {verification.error or 'unknown reason'}",
+        )
+    score = verification.score
+    if execution.end is ExecutionEnd.TIMED_OUT:
+        limit = f" after {execution.timeout_sec:g}s" if execution.timeout_sec else ""
+        return Classification(
+            AttemptStatus.SUBJECT_FAILED, score, usage, cost, StatusSource.TIMEOUT,
+            f"the framework timeout cut the subject off{limit}",
+        )
+
+    if contract is ResultContract.EXIT_CODE:
+        status = _from_exit_code(execution.exit_code)
+        reason = None if status is AttemptStatus.COMPLETED else (
+            f"the subject exited with code {execution.exit_code}"
+        )
+        return Classification(
+            status, score, usage, cost, StatusSource.EXIT_CODE, reason, execution.exit_code
+        )
+
+    if frame.valid:
+        if frame.status is not None:
+            status = AttemptStatus(frame.status.value)
+            reason = None if status is AttemptStatus.COMPLETED else (
+                "the subject reported subject_failed"
+            )
+            return Classification(status, score, usage, cost, StatusSource.FRAME, reason)
+        status = _from_exit_code(execution.exit_code)
+        reason = None if status is AttemptStatus.COMPLETED else (
+            f"the subject exited with code {execution.exit_code}"
+        )
+        return Classification(
+            status, score, usage, cost, StatusSource.EXIT_CODE, reason, execution.exit_code
+        )
+
+    # The execution returned but the frame is unusable: the evidence decides.
+    problem = _frame_problem(frame)
+    if metered is not None and metered.admitted_requests > 0:
+        return Classification(
+            AttemptStatus.SUBJECT_FAILED, score, usage, cost, StatusSource.ADMITTED_WORK,
+            f"{problem} after {metered.admitted_requests} admitted model request(s); "
+            "recorded as a failure, not retried at the same cost",
+        )
+    return Classification(
+        AttemptStatus.INFRA_FAILED, None, usage, cost, StatusSource.INFRASTRUCTURE,
+        f"{problem} and no admitted model work is on record",
+    )

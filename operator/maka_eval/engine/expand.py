@@ -1,0 +1,101 @@
+"""Expansion: an experiment becomes cells (task x repetition x subject) and task groups.
+
+Deterministic and complete before anything runs. Groups are ordered repetition-major
+(every task's first repetition before any second one), so a run stopped by its budget
+has covered as many tasks as it could; cells within a group follow the subject order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from maka_eval.spec.experiment import Experiment
+
+
+def cell_id(task_id: str, repetition: int, subject_id: str) -> str:
+    """`<taskId>::<repetition>::<subjectId>`."""
+    return f"{task_id}::{repetition}::{subject_id}"
+
+
+def group_id(task_id: str, repetition: int) -> str:
+    """`<taskId>::<repetition>`: all subject arms of one task repetition."""
+    return f"{task_id}::{repetition}"
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One task x repetition x subject."""
+
+    id: str
+    task_id: str
+    repetition: int
+    subject_id: str
+
+    @property
+    def group_id(self) -> str:
+        return group_id(self.task_id, self.repetition)
+
+
+@dataclass(frozen=True)
+class TaskGroup:
+    """All subject arms of one task repetition; they start together."""
+
+    id: str
+    task_id: str
+    repetition: int
+    cells: tuple[Cell, ...]
+
+
+@dataclass(frozen=True)
+class Expansion:
+    """Every cell and group of an experiment, in execution order."""
+
+    groups: tuple[TaskGroup, ...]
+    task_ids: tuple[str, ...]
+    subject_ids: tuple[str, ...]
+    repetitions: int
+    _cells: Mapping[str, Cell] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def cells(self) -> tuple[Cell, ...]:
+        return tuple(cell for group in self.groups for cell in group.cells)
+
+    def cell(self, cell_id: str) -> Cell:
+        """The cell with this id (KeyError if none)."""
+        return self._cells[cell_id]
+
+    def __contains__(self, cell_id: object) -> bool:
+        return cell_id in self._cells
+
+    def __iter__(self) -> Iterator[Cell]:
+        return iter(self.cells)
+
+    def __len__(self) -> int:
+        return len(self._cells)
+
+
+def expand_ids(task_ids: tuple[str, ...], subject_ids: tuple[str, ...], repetitions: int) -> Expansion:
+    """Expand from ids alone (the rule itself; `expand` feeds it an experiment)."""
+    groups = []
+    for repetition in range(1, repetitions + 1):
+        for task in task_ids:
+            cells = tuple(
+                Cell(cell_id(task, repetition, subject), task, repetition, subject)
+                for subject in subject_ids
+            )
+            groups.append(TaskGroup(group_id(task, repetition), task, repetition, cells))
+    by_id = {cell.id: cell for group in groups for cell in group.cells}
+    return Expansion(tuple(groups), task_ids, subject_ids, repetitions, by_id)
+
+
+def expand(experiment: Experiment) -> Expansion:
+    """All cells and task groups of an experiment."""
+    spec = experiment.spec
+    return expand_ids(
+        tuple(task.id for task in spec.tasks),
+        tuple(subject.id for subject in spec.subjects),
+        spec.repetitions,
+    )

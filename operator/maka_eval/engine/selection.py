@@ -1,0 +1,62 @@
+"""Result selection and per-cell progress, from a cell's attempts alone."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from enum import Enum
+from typing import Protocol, TypeVar
+
+from maka_eval.engine.status import AttemptStatus
+
+
+class AttemptLike(Protocol):
+    """What selection needs of an attempt record."""
+
+    @property
+    def number(self) -> int: ...
+
+    @property
+    def status(self) -> AttemptStatus: ...
+
+
+A = TypeVar("A", bound=AttemptLike)
+
+
+def select_result(attempts: Sequence[A]) -> A | None:
+    """The earliest valid attempt (completed or subject_failed), or None."""
+    valid = [a for a in attempts if a.status.is_result]
+    return min(valid, key=lambda a: a.number) if valid else None
+
+
+class CellState(str, Enum):
+    """Where a cell stands, judged from its attempts."""
+
+    PENDING = "pending"
+    """No result yet and not out of infrastructure retries: it should run."""
+    DONE = "done"
+    """It has a selectable result."""
+    EXHAUSTED = "exhausted"
+    """Every automatic attempt failed on infrastructure; only `--cell` runs it again."""
+
+
+def infra_failures(statuses: Sequence[AttemptStatus]) -> int:
+    """How many attempts failed on infrastructure."""
+    return sum(1 for s in statuses if s is AttemptStatus.INFRA_FAILED)
+
+
+def cell_state(statuses: Sequence[AttemptStatus], max_infra_retries: int) -> CellState:
+    """A cell's state from its attempts' statuses (cancelled attempts do not count)."""
+    if any(s.is_result for s in statuses):
+        return CellState.DONE
+    if infra_failures(statuses) > max_infra_retries:
+        return CellState.EXHAUSTED
+    return CellState.PENDING
+
+
+def needs_retry(statuses: Sequence[AttemptStatus], max_infra_retries: int) -> bool:
+    """After an attempt: does the cell get an automatic replacement attempt now?"""
+    return (
+        bool(statuses)
+        and statuses[-1] is AttemptStatus.INFRA_FAILED
+        and cell_state(statuses, max_infra_retries) is CellState.PENDING
+    )

@@ -1,0 +1,352 @@
+"""Run ONE attempt of one cell: prepare, launch the subject, quiesce if it is cut off,
+verify the environment it left, classify.
+
+The same code runs in-process in the local executor and as the relay program injected
+into a task container; it imports only the standard library and the pure engine rules.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import shutil
+import stat
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from maka_eval.engine.classify import (
+    NO_FRAME,
+    NOT_VERIFIED,
+    Execution,
+    ExecutionEnd,
+    Frame,
+    ResultContract,
+    Verification,
+    classify,
+)
+from maka_eval.relay.environment import (
+    base_environment,
+    host_environment,
+    resolve_credentials,
+    subject_environment,
+)
+from maka_eval.relay.frame import read_frame
+from maka_eval.relay.outcome import ArtifactFile, AttemptOutcome
+from maka_eval.relay.plan import AttemptPlan
+from maka_eval.relay.processes import CancelToken, ProcessSupervisor, WaitEnd
+from maka_eval.relay.verifier import read_reward
+
+
+@dataclass(frozen=True)
+class AttemptLayout:
+    """The attempt-private directory tree."""
+
+    root: Path
+
+    @property
+    def workspace(self) -> Path:
+        return self.root / "workspace"
+
+    @property
+    def home(self) -> Path:
+        return self.root / "home"
+
+    @property
+    def tmp(self) -> Path:
+        return self.root / "tmp"
+
+    @property
+    def instruction(self) -> Path:
+        return self.root / "instruction.md"
+
+    @property
+    def frame_dir(self) -> Path:
+        return self.root / "frame"
+
+    @property
+    def tests(self) -> Path:
+        return self.root / "tests"
+
+    @property
+    def verifier_logs(self) -> Path:
+        return self.root / "logs" / "verifier"
+
+    @property
+    def output(self) -> Path:
+        """Where the relay writes captured output (never inside the workspace)."""
+        return self.root / "output"
+
+    def create(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=False)
+        for path in (self.workspace, self.home, self.tmp, self.frame_dir, self.output):
+            path.mkdir()
+
+
+def _copy_tree(src: str, dst: Path) -> None:
+    shutil.copytree(src, dst, symlinks=True, dirs_exist_ok=True)
+
+
+def _make_executable(path: Path) -> None:
+    mode = path.stat().st_mode
+    path.chmod(mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+
+
+_END = {
+    WaitEnd.EXITED: ExecutionEnd.EXITED,
+    WaitEnd.TIMED_OUT: ExecutionEnd.TIMED_OUT,
+    WaitEnd.CANCELLED: ExecutionEnd.CANCELLED,
+}
+
+
+class _Attempt:
+    """One attempt's phases; `run_attempt` is the entry point."""
+
+    def __init__(
+        self,
+        plan: AttemptPlan,
+        supervisor: ProcessSupervisor,
+        cancel: CancelToken,
+        host_env: Mapping[str, str],
+        start_gate: Callable[[], None] | None,
+    ) -> None:
+        self.plan = plan
+        self._start_gate = start_gate
+        self.supervisor = supervisor
+        self.cancel = cancel
+        self.host_env = host_env
+        self.layout = AttemptLayout(Path(plan.root))
+        self.timings: dict[str, float] = {}
+        self.credentials: dict[str, str] = {}
+        self.subject_started_at: float | None = None
+        self.base_env: dict[str, str] = {}
+
+    # -- phases ---------------------------------------------------------------------
+    def pass_gate(self) -> None:
+        """Wait until every arm of the task group is prepared (called exactly once)."""
+        gate, self._start_gate = self._start_gate, None
+        if gate is not None:
+            gate()
+
+    def prepare(self) -> None:
+        plan, layout = self.plan, self.layout
+        layout.create()
+        if plan.environment_dir:
+            _copy_tree(plan.environment_dir, layout.workspace)
+        shutil.copyfile(plan.instruction_file, layout.instruction)
+        for name, source in plan.subject.extra_dirs.items():
+            _copy_tree(source, layout.root / name)
+            for script in (layout.root / name).glob("*.sh"):
+                _make_executable(script)
+        self.credentials = resolve_credentials(plan.subject.credentials, self.host_env)
+        self.base_env = base_environment(
+            attempt_id=plan.attempt_id,
+            home=str(layout.home),
+            tmp=str(layout.tmp),
+            host_env=self.host_env,
+        )
+
+    def _attempt_vars(self) -> dict[str, str]:
+        plan, layout = self.plan, self.layout
+        values = {
+            "MAKA_EVAL_RUN_ID": plan.run_id,
+            "MAKA_EVAL_CELL_ID": plan.cell_id,
+            "MAKA_EVAL_TASK_ID": plan.task_id,
+            "MAKA_EVAL_REPETITION": str(plan.repetition),
+            "MAKA_EVAL_SUBJECT_ID": plan.subject_id,
+            "MAKA_EVAL_WORKSPACE": str(layout.workspace),
+            "MAKA_EVAL_INSTRUCTION_FILE": str(layout.instruction),
+        }
+        if plan.subject.contract is ResultContract.PROTOCOL_V1:
+            values["MAKA_EVAL_RESULT_FILE"] = str(layout.frame_dir / "result.json")
+        for name in plan.subject.extra_dirs:
+            values[f"MAKA_EVAL_{name.upper()}_DIR"] = str(layout.root / name)
+        return values
+
+    def run_subject(self) -> Execution:
+        plan, layout = self.plan, self.layout
+        if self.cancel.is_set():
+            return Execution(ExecutionEnd.CANCELLED)
+        env = subject_environment(
+            self.base_env, self._attempt_vars(), plan.subject.env, self.credentials
+        )
+        with open(layout.output / "subject.stdout", "wb") as out, open(
+            layout.output / "subject.stderr", "wb"
+        ) as err:
+            try:
+                proc = self.supervisor.spawn(
+                    list(plan.subject.argv), cwd=str(layout.workspace), env=env, stdout=out, stderr=err
+                )
+            except OSError as exc:
+                return Execution(
+                    ExecutionEnd.THREW, error=f"cannot start {plan.subject.argv[0]!r}: {exc.strerror}"
+                )
+        self.subject_started_at = time.time()
+        end = self.supervisor.wait(proc, plan.agent_timeout_sec, self.cancel)
+        if end is not WaitEnd.EXITED:
+            self.supervisor.quiesce([proc.pid], plan.attempt_id)
+        code = self.supervisor.release(proc)
+        return Execution(
+            _END[end],
+            exit_code=code if end is WaitEnd.EXITED else None,
+            timeout_sec=plan.agent_timeout_sec if end is WaitEnd.TIMED_OUT else None,
+        )
+
+    def read_frame(self) -> Frame:
+        if self.plan.subject.contract is not ResultContract.PROTOCOL_V1:
+            return NO_FRAME
+        fd = os.open(self.layout.frame_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            return read_frame(fd)
+        finally:
+            os.close(fd)
+
+    def verify(self) -> Verification | None:
+        """Run tests/test.sh in the environment the subject left; None if cancelled."""
+        plan, layout = self.plan, self.layout
+        # Tests reach the attempt only now, after the subject has stopped.
+        _copy_tree(plan.tests_dir, layout.tests)
+        layout.verifier_logs.mkdir(parents=True, exist_ok=True)
+        script = layout.tests / "test.sh"
+        _make_executable(script)
+        env = dict(plan.verifier_env)
+        env.update(
+            {
+                "MAKA_EVAL_WORKSPACE": str(layout.workspace),
+                "MAKA_EVAL_TESTS_DIR": str(layout.tests),
+                "MAKA_EVAL_VERIFIER_LOGS_DIR": str(layout.verifier_logs),
+                "MAKA_EVAL_TASK_ID": plan.task_id,
+            }
+        )
+        env.update(self.base_env)
+        with open(layout.output / "verifier.stdout", "wb") as out, open(
+            layout.output / "verifier.stderr", "wb"
+        ) as err:
+            argv = [str(script)]
+            try:
+                proc = self.supervisor.spawn(
+                    argv, cwd=str(layout.workspace), env=env, stdout=out, stderr=err
+                )
+            except OSError as exc:
+                if exc.errno != errno.ENOEXEC:
+                    return Verification(None, f"cannot start tests/test.sh: {exc.strerror}")
+                # No shebang: run it the way a shell would.
+                proc = self.supervisor.spawn(
+                    ["/bin/sh", *argv], cwd=str(layout.workspace), env=env, stdout=out, stderr=err
+                )
+        end = self.supervisor.wait(proc, plan.verifier_timeout_sec, self.cancel)
+        if end is not WaitEnd.EXITED:
+            self.supervisor.quiesce([proc.pid], plan.attempt_id)
+        self.supervisor.release(proc)
+        if end is WaitEnd.CANCELLED:
+            return None
+        if end is WaitEnd.TIMED_OUT:
+            return Verification(
+                None, f"the verifier timed out after {plan.verifier_timeout_sec:g}s"
+            )
+        verification, _ = read_reward(str(layout.verifier_logs), plan.score_key)
+        return verification
+
+    def cleanup(self) -> None:
+        """The attempt is over: nothing of it may outlive it."""
+        self.supervisor.quiesce([], self.plan.attempt_id)
+        self.supervisor.reap_orphans()
+
+    def artifacts(self) -> tuple[ArtifactFile, ...]:
+        layout = self.layout
+        candidates = [
+            (name, layout.output / name)
+            for name in ("subject.stdout", "subject.stderr", "verifier.stdout", "verifier.stderr")
+        ]
+        candidates += [
+            (f"verifier/{name}", layout.verifier_logs / name) for name in ("reward.json", "reward.txt")
+        ]
+        candidates.append(("result-frame.json", layout.frame_dir / "result.json"))
+        found = []
+        for name, path in candidates:
+            with contextlib.suppress(OSError):
+                info = path.lstat()
+                if stat.S_ISREG(info.st_mode) and (
+                    name != "result-frame.json" or info.st_size <= 64 * 1024
+                ):
+                    found.append(ArtifactFile(name, str(path)))
+        return tuple(found)
+
+    # -- the whole attempt ------------------------------------------------------------
+    def run(self) -> AttemptOutcome:
+        started_at = time.time()
+        t0 = time.perf_counter()
+        execution: Execution
+        frame: Frame = NO_FRAME
+        verification: Verification = NOT_VERIFIED
+        t_prepared = t_subject = t_verified = t0
+        try:
+            self.prepare()
+            t_prepared = time.perf_counter()
+            self.pass_gate()
+            execution = self.run_subject()
+            t_subject = time.perf_counter()
+            frame = self.read_frame()
+            if execution.end in (ExecutionEnd.EXITED, ExecutionEnd.TIMED_OUT):
+                result = self.verify()
+                if result is None:
+                    execution = Execution(ExecutionEnd.CANCELLED)
+                else:
+                    verification = result
+            t_verified = time.perf_counter()
+        except Exception as exc:  # noqa: BLE001 - the relay failing is a recorded infra failure
+            execution = Execution(ExecutionEnd.THREW, error=f"{type(exc).__name__}: {exc}")
+            with contextlib.suppress(Exception):
+                self.pass_gate()  # the other arms must not wait for this one
+            now = time.perf_counter()
+            t_prepared = max(t_prepared, t0)
+            t_subject = max(t_subject, t_prepared)
+            t_verified = now
+        finally:
+            with contextlib.suppress(Exception):
+                self.cleanup()
+        t_end = time.perf_counter()
+        classification = classify(
+            self.plan.subject.contract, execution, frame, verification, metered=None
+        )
+        self.timings = {
+            "prepareSec": t_prepared - t0,
+            "subjectSec": max(0.0, t_subject - t_prepared),
+            "verifierSec": max(0.0, t_verified - t_subject),
+            "cleanupSec": t_end - t_verified,
+            "totalSec": t_end - t0,
+        }
+        return AttemptOutcome(
+            classification=classification,
+            execution=execution,
+            frame=frame,
+            verification=verification,
+            artifacts=self.artifacts(),
+            started_at=started_at,
+            finished_at=time.time(),
+            subject_started_at=self.subject_started_at,
+            timings=self.timings,
+            credential_values={
+                source: self.host_env[source]
+                for source in self.plan.subject.credentials.values()
+                if self.host_env.get(source)
+            },
+        )
+
+
+def run_attempt(
+    plan: AttemptPlan,
+    supervisor: ProcessSupervisor,
+    cancel: CancelToken,
+    host_env: Mapping[str, str] | None = None,
+    start_gate: Callable[[], None] | None = None,
+) -> AttemptOutcome:
+    """Run one attempt to its end; never raises for anything the subject or task does.
+
+    `start_gate` is called after preparation and before the subject starts: the local
+    executor passes a barrier so all arms of a task group start at the same moment.
+    """
+    env = host_env if host_env is not None else host_environment()
+    return _Attempt(plan, supervisor, cancel, env, start_gate).run()

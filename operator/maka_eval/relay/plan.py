@@ -1,0 +1,80 @@
+"""What the relay is asked to do for one attempt: a plain, JSON-serializable plan.
+
+The plan names credentials by their source variable, never by value: the relay reads the
+values from its own environment (a Kubernetes Secret in a pod, the user's environment
+locally), so a plan can be written to disk without holding a secret.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from maka_eval.engine.classify import ResultContract
+
+
+class PlanError(ValueError):
+    """A relay plan is malformed."""
+
+
+@dataclass(frozen=True)
+class SubjectLaunch:
+    """How to start the subject."""
+
+    argv: tuple[str, ...]
+    contract: ResultContract
+    env: Mapping[str, str] = field(default_factory=dict)
+    credentials: Mapping[str, str] = field(default_factory=dict)
+    """Target variable name -> source credential name (read from the relay's environment)."""
+    extra_dirs: Mapping[str, str] = field(default_factory=dict)
+    """Task directories copied into the attempt for this subject (the oracle's solution)."""
+
+
+@dataclass(frozen=True)
+class AttemptPlan:
+    """Everything the relay needs to run one attempt of one cell."""
+
+    attempt_id: str
+    """Unique for this attempt; every process of the attempt carries it (MAKA_EVAL_ATTEMPT_ID)."""
+    run_id: str
+    cell_id: str
+    task_id: str
+    repetition: int
+    subject_id: str
+    root: str
+    """Attempt-private directory the relay creates and works in."""
+    instruction_file: str
+    tests_dir: str
+    environment_dir: str | None
+    subject: SubjectLaunch
+    agent_timeout_sec: float
+    verifier_timeout_sec: float
+    verifier_env: Mapping[str, str] = field(default_factory=dict)
+    score_key: str = "reward"
+
+    def to_json(self) -> str:
+        """Serialize for the relay program (`python -m maka_eval.relay`)."""
+        data = asdict(self)
+        data["subject"]["contract"] = self.subject.contract.value
+        data["subject"]["argv"] = list(self.subject.argv)
+        return json.dumps(data, indent=2, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> AttemptPlan:
+        """Parse a serialized plan; PlanError names what is wrong."""
+        try:
+            data: dict[str, Any] = json.loads(text)
+            subject = dict(data.pop("subject"))
+            launch = SubjectLaunch(
+                argv=tuple(subject.pop("argv")),
+                contract=ResultContract(subject.pop("contract")),
+                **subject,
+            )
+            plan = cls(subject=launch, **data)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise PlanError(f"the relay plan is malformed: {exc}") from None
+        if not plan.subject.argv:
+            raise PlanError("the relay plan has an empty subject.argv")
+        return plan

@@ -1,0 +1,287 @@
+"""Starting subjects and quiescing whole process trees.
+
+A process group or session is not a handle on a subject's processes: a subject can
+`setsid` or double-fork out of both. So every process of an attempt carries the
+attempt's marker in its environment (MAKA_EVAL_ATTEMPT_ID, inherited by descendants),
+and the supervisor is a child subreaper (PR_SET_CHILD_SUBREAPER), so an orphaned
+descendant is re-parented to it instead of to init. An attempt's members are then its
+live roots, the supervisor's adopted children carrying the marker, and every
+descendant of those. In a pod the relay is PID 1 and adopts every orphan anyway.
+
+Quiescing freezes the members with SIGSTOP until the set stops growing (a fork in
+flight cannot escape), then SIGKILLs them and reaps what was re-parented to us.
+On natural exit nothing is torn down until the verifier has run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from enum import Enum
+from typing import IO
+
+MARKER_VARIABLE = "MAKA_EVAL_ATTEMPT_ID"
+_PR_SET_CHILD_SUBREAPER = 36
+_HAS_PROC = os.path.isdir("/proc/self")
+
+
+class WaitEnd(str, Enum):
+    """Why waiting for a process stopped."""
+
+    EXITED = "exited"
+    TIMED_OUT = "timed_out"
+    CANCELLED = "cancelled"
+
+
+class CancelToken:
+    """A cancellation flag that can also be waited on with select() (a pipe)."""
+
+    def __init__(self) -> None:
+        self._read, self._write = os.pipe()
+        os.set_blocking(self._read, False)
+        self._event = threading.Event()
+
+    def cancel(self) -> None:
+        """Set the flag; safe from a signal handler and from any thread."""
+        if not self._event.is_set():
+            self._event.set()
+            with contextlib.suppress(OSError):
+                os.write(self._write, b"x")
+
+    def is_set(self) -> bool:
+        return self._event.is_set()
+
+    def fileno(self) -> int:
+        """Readable once cancelled (the byte is never drained, so it stays readable)."""
+        return self._read
+
+    def close(self) -> None:
+        for fd in (self._read, self._write):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+def become_subreaper() -> bool:
+    """Make this process adopt its orphaned descendants (Linux); False where unsupported."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return bool(libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0)
+    except (OSError, AttributeError):
+        return False
+
+
+@dataclass(frozen=True)
+class _ProcInfo:
+    ppid: int
+    state: str
+
+
+def _snapshot() -> dict[int, _ProcInfo]:
+    """Every visible process: pid -> (parent, state)."""
+    table: dict[int, _ProcInfo] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as handle:
+                raw = handle.read()
+        except OSError:
+            continue
+        # The command name is in parentheses and may itself contain ') '.
+        fields = raw[raw.rfind(b")") + 2 :].split()
+        if len(fields) >= 2:
+            table[int(name)] = _ProcInfo(int(fields[1]), fields[0].decode())
+    return table
+
+
+def _carries(pid: int, marker: bytes) -> bool:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as handle:
+            return marker in handle.read().split(b"\0")
+    except OSError:
+        return False
+
+
+class ProcessSupervisor:
+    """Starts attempt processes and finds, freezes and kills their whole trees.
+
+    One per process (the relay program, or the local executor serving many attempts).
+    """
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.subreaper = become_subreaper()
+        self._lock = threading.Lock()
+        self._managed: set[int] = set()
+
+    # -- starting and waiting -------------------------------------------------------
+    def spawn(
+        self,
+        argv: list[str],
+        *,
+        cwd: str,
+        env: Mapping[str, str],
+        stdout: IO[bytes] | int,
+        stderr: IO[bytes] | int,
+    ) -> subprocess.Popen[bytes]:
+        """Start a process in a new session (the terminal's Ctrl-C does not reach it)."""
+        with self._lock:
+            proc = subprocess.Popen(
+                argv,
+                cwd=cwd,
+                env=dict(env),
+                stdin=subprocess.DEVNULL,
+                stdout=stdout,
+                stderr=stderr,
+                start_new_session=True,
+                close_fds=True,
+            )
+            self._managed.add(proc.pid)
+        return proc
+
+    def wait(
+        self, proc: subprocess.Popen[bytes], timeout: float, cancel: CancelToken
+    ) -> WaitEnd:
+        """Wait for exit, the timeout, or cancellation, whichever comes first."""
+        deadline = time.monotonic() + timeout
+        pidfd = -1
+        with contextlib.suppress(OSError, AttributeError):
+            pidfd = os.pidfd_open(proc.pid)
+        try:
+            while True:
+                if proc.poll() is not None:
+                    return WaitEnd.EXITED
+                if cancel.is_set():
+                    return WaitEnd.CANCELLED
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return WaitEnd.TIMED_OUT
+                fds = [cancel.fileno()] + ([pidfd] if pidfd >= 0 else [])
+                select.select(fds, [], [], remaining if pidfd >= 0 else min(remaining, 0.05))
+        finally:
+            if pidfd >= 0:
+                os.close(pidfd)
+
+    def release(self, proc: subprocess.Popen[bytes]) -> int:
+        """Reap a process that has ended (or been killed) and forget it."""
+        code = proc.wait()
+        with self._lock:
+            self._managed.discard(proc.pid)
+        return code
+
+    # -- membership -----------------------------------------------------------------
+    def members(self, roots: Iterable[int], attempt_id: str) -> set[int]:
+        """Live processes of the attempt: roots, marked adoptees, and all descendants."""
+        if not _HAS_PROC:
+            return {pid for pid in roots if _alive(pid)}
+        marker = f"{MARKER_VARIABLE}={attempt_id}".encode()
+        table = _snapshot()
+        children: defaultdict[int, list[int]] = defaultdict(list)
+        for pid, info in table.items():
+            children[info.ppid].append(pid)
+        seeds = {pid for pid in roots if pid in table and table[pid].state != "Z"}
+        # Orphans of the attempt were adopted by us (subreaper) or, without subreaper
+        # support, by init: look for the marker where they can end up.
+        adopters = [self.pid] if self.subreaper else [self.pid, 1]
+        for adopter in adopters:
+            for pid in children.get(adopter, ()):
+                if pid not in seeds and table[pid].state != "Z" and _carries(pid, marker):
+                    seeds.add(pid)
+        found: set[int] = set()
+        stack = list(seeds)
+        while stack:
+            pid = stack.pop()
+            if pid in found or pid == self.pid:
+                continue
+            found.add(pid)
+            stack.extend(children.get(pid, ()))
+        return {pid for pid in found if table[pid].state != "Z"}
+
+    def quiesce(self, roots: Iterable[int], attempt_id: str, timeout: float = 10.0) -> int:
+        """Freeze then kill every process of the attempt; return how many were killed."""
+        roots = list(roots)
+        if not _HAS_PROC:
+            for pid in roots:
+                with contextlib.suppress(OSError):
+                    os.killpg(pid, signal.SIGKILL)
+            return len(roots)
+        frozen: set[int] = set()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            new = self.members(roots, attempt_id) - frozen
+            if not new:
+                break
+            for pid in new:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGSTOP)
+            frozen |= new
+        for pid in frozen:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        self._reap(frozen, deadline)
+        return len(frozen)
+
+    def _reap(self, pids: set[int], deadline: float) -> None:
+        """Wait until the killed processes are gone, reaping those re-parented to us."""
+        with self._lock:
+            managed = set(self._managed)
+        pending = set(pids)
+        while pending and time.monotonic() < deadline:
+            for pid in list(pending):
+                info = _stat(pid)
+                if info is None:
+                    pending.discard(pid)
+                elif info.state == "Z" and info.ppid == self.pid and pid not in managed:
+                    with contextlib.suppress(ChildProcessError):
+                        os.waitpid(pid, os.WNOHANG)
+                elif info.state == "Z" and info.ppid != self.pid:
+                    pending.discard(pid)  # another parent (a managed Popen's owner) reaps it
+                elif pid in managed and info.state == "Z":
+                    pending.discard(pid)  # release() reaps it
+            if pending:
+                time.sleep(0.002)
+
+    def reap_orphans(self) -> int:
+        """Reap adopted children that exited on their own (zombies nobody else waits for)."""
+        if not (_HAS_PROC and self.subreaper):
+            return 0
+        reaped = 0
+        with self._lock:
+            for pid, info in _snapshot().items():
+                if info.ppid == self.pid and info.state == "Z" and pid not in self._managed:
+                    with contextlib.suppress(ChildProcessError):
+                        if os.waitpid(pid, os.WNOHANG)[0]:
+                            reaped += 1
+        return reaped
+
+
+def _stat(pid: int) -> _ProcInfo | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            raw = handle.read()
+    except OSError:
+        return None
+    fields = raw[raw.rfind(b")") + 2 :].split()
+    return _ProcInfo(int(fields[1]), fields[0].decode()) if len(fields) >= 2 else None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -1,0 +1,170 @@
+"""Harbor-format task directories: what a task is made of, read from disk.
+
+A task directory holds `instruction.md`, an optional `task.toml`, an optional
+`environment/` (files placed in the workspace), `tests/test.sh` (the verifier) and an
+optional `solution/solve.sh` (for the oracle). Keys of task.toml this executor does not
+use are ignored, as Harbor ignores them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from maka_eval.errors import Problem, TaskError
+from maka_eval.spec.experiment import Experiment
+
+IMAGE_BUILD_FILES = ("Dockerfile", "docker-compose.yaml", "docker-compose.yml", "compose.yaml")
+
+
+@dataclass(frozen=True)
+class TaskDefinition:
+    """One task as found on disk, with a digest of its whole directory."""
+
+    id: str
+    root: Path
+    instruction_file: Path
+    tests_dir: Path
+    environment_dir: Path | None
+    solution_dir: Path | None
+    agent_timeout_sec: float | None
+    verifier_timeout_sec: float | None
+    verifier_env: Mapping[str, str] = field(default_factory=dict)
+    solution_env: Mapping[str, str] = field(default_factory=dict)
+    docker_image: str | None = None
+    image_build_file: str | None = None
+    digest: str = ""
+
+
+def directory_digest(root: Path) -> str:
+    """sha256 over every file's relative path, executable bit and content, in path order."""
+    digest = hashlib.sha256()
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames.sort()
+        for name in sorted(filenames):
+            path = Path(dirpath, name)
+            relative = path.relative_to(root).as_posix()
+            executable = os.access(path, os.X_OK)
+            digest.update(f"{relative}\0{int(executable)}\0".encode())
+            if path.is_symlink():
+                digest.update(b"symlink\0" + os.readlink(path).encode())
+            else:
+                with path.open("rb") as handle:
+                    for chunk in iter(lambda: handle.read(1 << 16), b""):
+                        digest.update(chunk)
+            digest.update(b"\0")
+    return "sha256:" + digest.hexdigest()
+
+
+def _timeout(table: Any, where: str, problems: list[Problem]) -> float | None:
+    if not isinstance(table, Mapping) or "timeout_sec" not in table:
+        return None
+    value = table["timeout_sec"]
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        problems.append(Problem(where, f"timeout_sec must be a positive number, got {value!r}"))
+        return None
+    return float(value)
+
+
+def _env(table: Any, where: str, problems: list[Problem]) -> dict[str, str]:
+    if not isinstance(table, Mapping):
+        return {}
+    env = table.get("env", {})
+    if not isinstance(env, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in env.items()
+    ):
+        problems.append(Problem(where, "env must be a table of string values"))
+        return {}
+    return dict(env)
+
+
+def load_task(task_id: str, root: Path, where: str) -> tuple[TaskDefinition | None, list[Problem]]:
+    """Read one task directory; return it (or None) and the problems found."""
+    problems: list[Problem] = []
+    if not root.is_dir():
+        return None, [Problem(where, f"task directory {root} does not exist; check the path")]
+    instruction = root / "instruction.md"
+    if not instruction.is_file():
+        problems.append(Problem(where, f"{instruction} is missing; every task needs one"))
+    elif not instruction.read_text(encoding="utf-8", errors="replace").strip():
+        problems.append(Problem(where, f"{instruction} is empty; write the task's instruction"))
+    test_script = root / "tests" / "test.sh"
+    if not test_script.is_file():
+        problems.append(Problem(where, f"{test_script} is missing; the verifier runs it"))
+
+    config: dict[str, Any] = {}
+    toml_path = root / "task.toml"
+    if toml_path.is_file():
+        try:
+            config = tomllib.loads(toml_path.read_text(encoding="utf-8"))
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+            problems.append(Problem(str(toml_path), f"not valid TOML: {exc}"))
+
+    agent_timeout = _timeout(config.get("agent"), f"{toml_path} [agent]", problems)
+    verifier_timeout = _timeout(config.get("verifier"), f"{toml_path} [verifier]", problems)
+    verifier_env = _env(config.get("verifier"), f"{toml_path} [verifier]", problems)
+    solution_env = _env(config.get("solution"), f"{toml_path} [solution]", problems)
+    environment = config.get("environment") if isinstance(config.get("environment"), Mapping) else {}
+    assert isinstance(environment, Mapping)
+    image = environment.get("docker_image")
+
+    environment_dir = root / "environment"
+    build_file = next(
+        (name for name in IMAGE_BUILD_FILES if (environment_dir / name).is_file()), None
+    )
+    solution_dir = root / "solution"
+    if problems:
+        return None, problems
+    return (
+        TaskDefinition(
+            id=task_id,
+            root=root,
+            instruction_file=instruction,
+            tests_dir=root / "tests",
+            environment_dir=environment_dir if environment_dir.is_dir() else None,
+            solution_dir=solution_dir if (solution_dir / "solve.sh").is_file() else None,
+            agent_timeout_sec=agent_timeout,
+            verifier_timeout_sec=verifier_timeout,
+            verifier_env=verifier_env,
+            solution_env=solution_env,
+            docker_image=image if isinstance(image, str) and image else None,
+            image_build_file=build_file,
+            digest=directory_digest(root),
+        ),
+        [],
+    )
+
+
+def benchmark_root(experiment: Experiment, base_dir: Path) -> Path:
+    """The folder holding the task directories."""
+    return (base_dir / experiment.spec.benchmark.config.path).resolve()
+
+
+def load_tasks(experiment: Experiment, base_dir: Path, prefix: str = "") -> dict[str, TaskDefinition]:
+    """Read every task of the experiment; raise TaskError naming each problem."""
+    root = benchmark_root(experiment, base_dir)
+    if not root.is_dir():
+        raise TaskError(
+            "the benchmark's task folder is missing:",
+            [
+                Problem(
+                    f"{prefix}benchmark.config.path",
+                    f"{root} is not a directory; the path is relative to the experiment file",
+                )
+            ],
+        )
+    tasks: dict[str, TaskDefinition] = {}
+    problems: list[Problem] = []
+    for index, task in enumerate(experiment.spec.tasks):
+        definition, found = load_task(task.id, root / task.directory_name, f"{prefix}tasks[{index}]")
+        problems += found
+        if definition is not None:
+            tasks[task.id] = definition
+    if problems:
+        raise TaskError(f"{len(problems)} problem(s) with the task directories:", problems)
+    return tasks
