@@ -285,3 +285,15 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def find_marked(variable: str, value: str) -> list[int]:
+    """Pids of live processes whose environment has `variable=value` (Linux /proc)."""
+    if not _HAS_PROC:
+        return []
+    marker = f"{variable}={value}".encode()
+    return sorted(
+        pid
+        for pid, info in _snapshot().items()
+        if info.state != "Z" and pid != os.getpid() and _carries(pid, marker)
+    )

@@ -1,0 +1,2 @@
+#!/bin/sh
+printf 'Hello, world!\n' > greeting.txt

@@ -1,0 +1,2 @@
+#!/bin/sh
+sort -f names.txt > sorted.txt

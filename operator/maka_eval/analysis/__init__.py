@@ -1,0 +1,1 @@
+"""Reading results: per-cell selection, per-subject summaries, pairing."""

@@ -1,0 +1,199 @@
+"""The maka-eval command: validate, run, status, results, unlock.
+
+User mistakes (bad specs, missing prerequisites, locked or mismatched run directories)
+are printed as messages naming the field and the fix, never as tracebacks.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from maka_eval import __version__
+from maka_eval.analysis.summary import summarize
+from maka_eval.cli import render
+from maka_eval.cli.progress import RunProgress
+from maka_eval.engine.expand import expand
+from maka_eval.errors import MakaEvalError
+from maka_eval.local.executor import LocalRun, RunOptions
+from maka_eval.local.prerequisites import check_prerequisites
+from maka_eval.spec.load import LoadedExperiment, load_experiment_file
+from maka_eval.spec.task_directory import TaskDefinition, load_tasks
+from maka_eval.store.lock import unlock
+from maka_eval.store.run_store import read_run
+
+app = typer.Typer(
+    name="maka-eval",
+    help="Run AI-agent benchmark experiments reproducibly, fairly and safely.",
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+out = Console()
+err = Console(stderr=True)
+
+
+class OutputFormat(str, enum.Enum):
+    table = "table"
+    json = "json"
+    csv = "csv"
+
+
+def _version(value: bool) -> None:
+    if value:
+        out.print(f"maka-eval {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version.")
+    ] = False,
+) -> None:
+    """maka-eval: experiments -> cells (task x repetition x subject) -> append-only attempts."""
+
+
+def _load(experiment: Path) -> tuple[LoadedExperiment, dict[str, TaskDefinition]]:
+    loaded = load_experiment_file(experiment)
+    prefix = "spec." if loaded.form == "kubernetes" else ""
+    tasks = load_tasks(loaded.experiment, loaded.base_dir, prefix)
+    return loaded, tasks
+
+
+@app.command()
+def validate(
+    experiment: Annotated[Path, typer.Argument(help="Experiment file (YAML or JSON, either form).")],
+    cells: Annotated[bool, typer.Option("--cells", help="Also list every cell id.")] = False,
+) -> None:
+    """Check an experiment strictly and show what it expands into."""
+    loaded, tasks = _load(experiment)
+    expansion = expand(loaded.experiment)
+    out.print(f"[green]✓[/green] {experiment} is a valid experiment")
+    out.print(render.expansion_view(loaded, expansion))
+    if cells:
+        for group in expansion.groups:
+            out.print(f"  task group {group.id}", highlight=False)
+            for member in group.cells:
+                out.print(f"    {member.id}", highlight=False)
+    check_prerequisites(loaded, tasks, os.environ)
+    out.print("[green]✓[/green] prerequisites for the local executor are present")
+
+
+@app.command()
+def run(
+    experiment: Annotated[Path, typer.Argument(help="Experiment file (YAML or JSON, either form).")],
+    out_dir: Annotated[Path, typer.Option("--out", "-o", help="Run directory (created or resumed).")],
+    cell: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--cell",
+            help="Append one attempt to just this cell (<task>::<rep>::<subject>); repeatable.",
+        ),
+    ] = None,
+    force: Annotated[
+        bool, typer.Option("--force", help="With --cell: also re-run cells that have a result.")
+    ] = False,
+    keep_workspaces: Annotated[
+        bool, typer.Option("--keep-workspaces", help="Keep each attempt's workspace for debugging.")
+    ] = False,
+) -> None:
+    """Run every cell locally (or resume), with live progress; print the results."""
+    loaded, tasks = _load(experiment)
+    options = RunOptions(cells=tuple(cell or ()), force=force, keep_workspaces=keep_workspaces)
+    with RunProgress(out) as progress:
+        report = LocalRun(loaded, tasks, out_dir, options=options, events=progress).run()
+    summary = summarize(str(out_dir))
+    out.print(render.subjects_table(summary.subjects, title=f"Results: {out_dir}"))
+    if report.held_by_budget:
+        out.print(
+            f"[yellow]budget reached ({report.budget.describe() if report.budget else ''}): "
+            f"{report.held_by_budget} task group(s) were not started[/yellow]"
+        )
+    if report.cancelled:
+        err.print(
+            f"[magenta]cancelled[/magenta]: running attempts were recorded as cancelled. "
+            f"Re-run the same command to resume: maka-eval run {experiment} --out {out_dir}"
+        )
+        raise typer.Exit(130)
+    missing = len(summary.cells) - len(summary.results)
+    if missing and not report.held_by_budget:
+        out.print(
+            f"[yellow]{missing} cell(s) have no result[/yellow]: see `maka-eval status {out_dir}`"
+        )
+    out.print(f"[dim]details: maka-eval results {out_dir}[/dim]")
+
+
+@app.command()
+def status(
+    run_dir: Annotated[Path, typer.Argument(help="Run directory.")],
+) -> None:
+    """Show a run's cells (selected result per cell), subjects, budget and writer."""
+    out.print(render.status_view(summarize(str(run_dir))))
+
+
+@app.command()
+def results(
+    run_dir: Annotated[Path, typer.Argument(help="Run directory.")],
+    fmt: Annotated[OutputFormat, typer.Option("--format", "-f", help="Output format.")] = OutputFormat.table,
+) -> None:
+    """Print the result map: each cell's earliest valid attempt, and per-subject summaries."""
+    summary = summarize(str(run_dir))
+    if fmt is OutputFormat.json:
+        sys.stdout.write(render.results_json(summary) + "\n")
+    elif fmt is OutputFormat.csv:
+        sys.stdout.write(render.results_csv(summary))
+    else:
+        out.print(render.results_table(summary))
+
+
+@app.command(name="unlock")
+def unlock_command(
+    run_dir: Annotated[Path, typer.Argument(help="Run directory with a stale .writer.lock.")],
+    force: Annotated[
+        bool,
+        typer.Option("--force", help="The lock is from another host and you checked it there."),
+    ] = False,
+) -> None:
+    """Remove a stale writer lock, after checking that no writer and no subject remain."""
+    contents = read_run(run_dir)
+    info = unlock(run_dir, contents.run_id, force=force)
+    out.print(f"removed the stale lock of {info.describe()}; run again to resume")
+
+
+def main() -> None:
+    """Console-script entry point."""
+    try:
+        code = app(standalone_mode=False)
+    except MakaEvalError as exc:
+        err.print(f"[red]error:[/red] {escape(exc.summary)}", highlight=False)
+        for problem in exc.problems:
+            err.print(f"  - {problem}", highlight=False, markup=False)
+        sys.exit(exc.exit_code)
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except typer.Abort:
+        err.print("aborted")
+        sys.exit(130)
+    except KeyboardInterrupt:
+        err.print("interrupted")
+        sys.exit(130)
+    except Exception as exc:  # click usage errors
+        import click
+
+        if isinstance(exc, click.ClickException):
+            exc.show()
+            sys.exit(exc.exit_code)
+        raise
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+if __name__ == "__main__":
+    main()

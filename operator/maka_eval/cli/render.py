@@ -1,0 +1,271 @@
+"""Terminal tables and machine-readable output for the maka-eval command."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from rich.console import Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from maka_eval.analysis.summary import RunSummary, SubjectSummary, result_rows
+from maka_eval.engine.expand import Expansion
+from maka_eval.engine.selection import CellState
+from maka_eval.spec.load import LoadedExperiment
+from maka_eval.spec.subjects import ExternalSubject, MakaSubject
+from maka_eval.store.lock import LockState
+
+STATUS_STYLE = {
+    "completed": "green",
+    "subject_failed": "yellow",
+    "infra_failed": "red",
+    "cancelled": "magenta",
+}
+
+
+def fmt_score(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+def fmt_cost(value: float | None) -> str:
+    return "-" if value is None else f"${value:.4f}"
+
+
+def _score_bar(value: float | None, width: int = 12) -> Text:
+    if value is None:
+        return Text("")
+    filled = max(0, min(width, round(value * width)))
+    return Text("█" * filled + "·" * (width - filled), style="cyan")
+
+
+def subject_kind(subject: Any) -> str:
+    if isinstance(subject, ExternalSubject):
+        return f"external, {subject.config.result_contract}"
+    if isinstance(subject, MakaSubject):
+        return f"maka, {subject.config.profile}"
+    return str(subject.kind)
+
+
+def expansion_view(loaded: LoadedExperiment, expansion: Expansion) -> RenderableType:
+    """What `validate` prints: the experiment and what it expands into."""
+    spec = loaded.experiment.spec
+    table = Table.grid(padding=(0, 2))
+    table.add_column(style="bold")
+    table.add_column()
+    table.add_row("experiment", f"{loaded.experiment.id}  ({loaded.form} form)")
+    table.add_row(
+        "benchmark",
+        f"{spec.benchmark.id} {spec.benchmark.version}  (tasks in {spec.benchmark.config.path})",
+    )
+    table.add_row("executor", spec.executor.kind)
+    table.add_row(
+        "subjects",
+        f"{len(spec.subjects)}: "
+        + ", ".join(f"{s.id} ({subject_kind(s)})" for s in spec.subjects),
+    )
+    table.add_row("tasks", f"{len(spec.tasks)}: " + ", ".join(t.id for t in spec.tasks))
+    table.add_row("repetitions", str(spec.repetitions))
+    table.add_row(
+        "task groups",
+        f"{len(expansion.groups)} ({len(spec.tasks)} tasks x {spec.repetitions} repetitions), "
+        f"at most {spec.execution.max_concurrent_task_groups} at once",
+    )
+    table.add_row(
+        "cells",
+        f"{len(expansion)} ({len(expansion.groups)} groups x {len(spec.subjects)} subjects)",
+    )
+    limits = []
+    if spec.budget.max_cost_usd is not None:
+        limits.append(f"${spec.budget.max_cost_usd:g}")
+    if spec.budget.max_tokens is not None:
+        limits.append(f"{spec.budget.max_tokens:,} tokens")
+    table.add_row("budget", ", ".join(limits) or "no limit")
+    table.add_row("infra retries", f"up to {spec.execution.max_infra_retries} per cell")
+    return table
+
+
+def subjects_table(subjects: Sequence[SubjectSummary], title: str = "Subjects") -> Table:
+    """Per-subject summary."""
+    table = Table(title=title, title_justify="left")
+    table.add_column("subject", style="bold")
+    table.add_column("results", justify="right")
+    table.add_column("completed", justify="right")
+    table.add_column("failed", justify="right")
+    table.add_column("no result", justify="right")
+    table.add_column("mean score", justify="right")
+    table.add_column("", no_wrap=True)
+    table.add_column("± s.e.", justify="right")
+    table.add_column("paired (n)", justify="right")
+    table.add_column("tokens", justify="right")
+    table.add_column("cost", justify="right")
+    table.add_column("mean time", justify="right")
+    for s in subjects:
+        table.add_row(
+            s.subject_id,
+            f"{s.results}/{s.cells}",
+            str(s.completed),
+            str(s.subject_failed),
+            str(s.without_result) if s.without_result else "-",
+            fmt_score(s.mean_score),
+            _score_bar(s.mean_score),
+            fmt_score(s.stderr),
+            f"{fmt_score(s.paired_mean_score)} ({s.paired_n})",
+            f"{s.tokens:,}" if s.tokens else "-",
+            fmt_cost(s.cost_usd) if s.cost_usd else "-",
+            f"{s.mean_duration_sec:.2f}s" if s.mean_duration_sec is not None else "-",
+        )
+    return table
+
+
+def cells_table(summary: RunSummary) -> Table:
+    """Per-cell state and selected result."""
+    table = Table(title="Cells", title_justify="left")
+    for name, justify in (("cell", "left"), ("state", "left"), ("status", "left"),
+                          ("score", "right"), ("tokens", "right"), ("cost", "right"),
+                          ("time", "right"), ("attempt", "right"), ("note", "left")):
+        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+    for row in summary.cells:
+        record = row.selected or row.last
+        kernel = record.result if record else None
+        status = kernel.status.value if kernel else "-"
+        note = ""
+        if row.selected is None and record is not None and record.reason:
+            note = record.reason
+        if row.interrupted:
+            note = (note + "; " if note else "") + f"{row.interrupted} interrupted"
+        table.add_row(
+            row.cell_id,
+            row.state.value,
+            Text(status, style=STATUS_STYLE.get(status, "")),
+            fmt_score(kernel.score) if row.selected and kernel else "-",
+            f"{kernel.usage.total_tokens:,}" if kernel and kernel.usage else "-",
+            fmt_cost(kernel.cost_usd) if kernel else "-",
+            f"{kernel.duration_sec:.2f}s" if kernel else "-",
+            f"{row.selected.attempt}/{row.attempts}" if row.selected else f"-/{row.attempts}",
+            Text(note[:80], style="dim"),
+        )
+    return table
+
+
+def status_view(summary: RunSummary) -> RenderableType:
+    """What `status` prints."""
+    head = Table.grid(padding=(0, 2))
+    head.add_column(style="bold")
+    head.add_column()
+    head.add_row("run", f"{summary.run_dir}  ({summary.run_id})")
+    head.add_row("experiment", summary.experiment.id)
+    if summary.lock is LockState.LIVE and summary.lock_info:
+        writer = f"running: {summary.lock_info.describe()}"
+    elif summary.lock is LockState.STALE and summary.lock_info:
+        writer = (
+            f"[red]stale lock[/red] left by {summary.lock_info.describe()}; "
+            f"`maka-eval unlock {summary.run_dir}` checks no writer remains and removes it"
+        )
+    else:
+        writer = "none (not running)"
+    head.add_row("writer", writer)
+    pending = summary.count(CellState.PENDING)
+    exhausted = summary.count(CellState.EXHAUSTED)
+    head.add_row(
+        "cells",
+        f"{len(summary.cells)} total, {len(summary.results)} with a result, "
+        f"{pending} still to run, {exhausted} out of infrastructure retries",
+    )
+    counts = ", ".join(f"{n} {status}" for status, n in sorted(summary.attempt_counts.items()))
+    interrupted = sum(r.interrupted for r in summary.cells)
+    extra = f", {interrupted} interrupted (writer died)" if interrupted else ""
+    head.add_row("attempts", f"{summary.attempts} recorded ({counts or 'none'}){extra}")
+    budget_line = summary.budget.describe()
+    if summary.budget.exhausted and pending:
+        budget_line += f"  [yellow]budget reached: {pending} cell(s) will not start[/yellow]"
+    head.add_row("budget", budget_line)
+    hints = []
+    if exhausted:
+        hints.append(
+            "cells out of infrastructure retries run again only when named: "
+            "maka-eval run <experiment> --out <dir> --cell <id>"
+        )
+    if pending and not summary.budget.exhausted and summary.lock is not LockState.LIVE:
+        hints.append("re-run the same `maka-eval run` command to resume")
+    parts: list[RenderableType] = [head, subjects_table(summary.subjects), cells_table(summary)]
+    parts += [Text(h, style="dim") for h in hints]
+    return Group(*parts)
+
+
+def results_table(summary: RunSummary) -> RenderableType:
+    """What `results --format table` prints."""
+    table = Table(title="Results (earliest valid attempt per cell)", title_justify="left")
+    columns = ("cell", "status", "score", "tokens", "cost", "time", "attempt")
+    for name in columns:
+        table.add_column(name, justify="left" if name in ("cell", "status") else "right")
+    for row in result_rows(summary):
+        table.add_row(
+            row["cell"],
+            Text(row["status"], style=STATUS_STYLE.get(row["status"], "")),
+            fmt_score(row["score"]),
+            f"{row['totalTokens']:,}" if row["totalTokens"] is not None else "-",
+            fmt_cost(row["costUsd"]),
+            f"{row['durationSec']:.2f}s",
+            f"{row['attempt']}/{row['attempts']}",
+        )
+    missing = [r.cell_id for r in summary.cells if r.selected is None]
+    parts: list[RenderableType] = [table, subjects_table(summary.subjects)]
+    if missing:
+        parts.append(Text(f"{len(missing)} cell(s) without a result: " + ", ".join(missing[:10])
+                          + (" ..." if len(missing) > 10 else ""), style="yellow"))
+    return Group(*parts)
+
+
+def results_json(summary: RunSummary) -> str:
+    """The result map, per-subject summaries and cells without a result, as JSON."""
+    subjects = [
+        {
+            "subject": s.subject_id,
+            "cells": s.cells,
+            "results": s.results,
+            "completed": s.completed,
+            "subjectFailed": s.subject_failed,
+            "withoutResult": s.without_result,
+            "meanScore": s.mean_score,
+            "stderr": s.stderr,
+            "pairedN": s.paired_n,
+            "pairedMeanScore": s.paired_mean_score,
+            "tokens": s.tokens,
+            "costUsd": s.cost_usd,
+            "meanDurationSec": s.mean_duration_sec,
+        }
+        for s in summary.subjects
+    ]
+    body = {
+        "experiment": summary.experiment.id,
+        "runId": summary.run_id,
+        "cells": result_rows(summary),
+        "withoutResult": [
+            {"cell": r.cell_id, "state": r.state.value, "attempts": r.attempts}
+            for r in summary.cells if r.selected is None
+        ],
+        "subjects": subjects,
+        "budget": {
+            "maxCostUsd": summary.budget.max_cost_usd,
+            "maxTokens": summary.budget.max_tokens,
+            "spentCostUsd": summary.budget.spent_cost_usd,
+            "spentTokens": summary.budget.spent_tokens,
+            "exhausted": summary.budget.exhausted,
+        },
+    }
+    return json.dumps(body, indent=2)
+
+
+def results_csv(summary: RunSummary) -> str:
+    """One CSV row per cell with a selected result."""
+    rows = result_rows(summary)
+    out = io.StringIO()
+    fields = list(rows[0]) if rows else ["cell", "task", "repetition", "subject", "status", "score"]
+    writer = csv.DictWriter(out, fieldnames=fields, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    return out.getvalue()

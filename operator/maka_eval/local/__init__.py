@@ -1,0 +1,1 @@
+"""The embedded local executor: cells as processes on this machine, a file store."""

@@ -1,0 +1,138 @@
+"""What a local run needs on this machine, checked before anything starts.
+
+Every missing piece is reported at once, naming the spec field or environment variable
+and the fix; when any is missing, no run directory is created and no subject starts.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from maka_eval.errors import PrerequisiteError, Problem
+from maka_eval.spec.experiment import Experiment
+from maka_eval.spec.load import LoadedExperiment
+from maka_eval.spec.subjects import ExternalSubject, MakaSubject, OracleSubject
+from maka_eval.spec.task_directory import TaskDefinition
+
+WORK_DIR_VARIABLE = "MAKA_EVAL_WORK_DIR"
+
+
+def resolve_command(command: str, base_dir: Path, path_env: str | None) -> Path | None:
+    """The program a spec's command names: a path from the experiment's folder, or PATH."""
+    if "/" in command:
+        candidate = Path(command) if os.path.isabs(command) else base_dir / command
+        return candidate.resolve() if candidate.is_file() and os.access(candidate, os.X_OK) else None
+    found = shutil.which(command, path=path_env)
+    return Path(found) if found else None
+
+
+def _command_problem(command: str, where: str, base_dir: Path) -> Problem:
+    if "/" in command:
+        path = Path(command) if os.path.isabs(command) else base_dir / command
+        if path.is_file():
+            return Problem(where, f"{path} is not executable; chmod +x it")
+        return Problem(where, f"{path} does not exist (relative paths start at {base_dir})")
+    return Problem(where, f"'{command}' is not on PATH; install it or give its path")
+
+
+@dataclass(frozen=True)
+class ResolvedCommands:
+    """Absolute programs for each subject id (and the Runtime Host)."""
+
+    subjects: Mapping[str, Path]
+    runtime_host: Path | None
+
+
+def _prefix(loaded: LoadedExperiment) -> str:
+    return "spec." if loaded.form == "kubernetes" else ""
+
+
+def check_prerequisites(
+    loaded: LoadedExperiment, tasks: Mapping[str, TaskDefinition], host_env: Mapping[str, str]
+) -> ResolvedCommands:
+    """Check everything the local executor needs; PrerequisiteError lists what is missing."""
+    experiment: Experiment = loaded.experiment
+    spec = experiment.spec
+    prefix = _prefix(loaded)
+    base = loaded.base_dir
+    path_env = host_env.get("PATH")
+    problems: list[Problem] = []
+    commands: dict[str, Path] = {}
+
+    host_path: Path | None = None
+    host = spec.executor.config.runtime_host
+    if host is not None:
+        host_path = resolve_command(host.command, base, path_env)
+        if host_path is None:
+            problems.append(
+                _command_problem(host.command, f"{prefix}executor.config.runtimeHost.command", base)
+            )
+
+    for i, subject in enumerate(spec.subjects):
+        where = f"{prefix}subjects[{i}]"
+        for j, name in enumerate(subject.credentials):
+            if not host_env.get(name):
+                problems.append(
+                    Problem(
+                        f"{where}.credentials[{j}]",
+                        f"the environment variable {name} is not set; export it before "
+                        f"running (its value goes only to subject '{subject.id}')",
+                    )
+                )
+        if isinstance(subject, ExternalSubject):
+            resolved = resolve_command(subject.config.command, base, path_env)
+            if resolved is None:
+                problems.append(_command_problem(subject.config.command, f"{where}.config.command", base))
+            else:
+                commands[subject.id] = resolved
+        elif isinstance(subject, MakaSubject) and host_path is not None:
+            commands[subject.id] = host_path
+        elif isinstance(subject, OracleSubject):
+            for t, task in enumerate(spec.tasks):
+                definition = tasks.get(task.id)
+                if definition is not None and definition.solution_dir is None:
+                    problems.append(
+                        Problem(
+                            f"{prefix}tasks[{t}]",
+                            f"{definition.root}/solution/solve.sh is missing; subject "
+                            f"'{subject.id}' (the oracle) runs it",
+                        )
+                    )
+
+    for t, task in enumerate(spec.tasks):
+        definition = tasks.get(task.id)
+        if definition is None:
+            continue
+        if definition.image_build_file:
+            problems.append(
+                Problem(
+                    f"{prefix}tasks[{t}]",
+                    f"{definition.root}/environment/{definition.image_build_file} builds a "
+                    "container image; the local executor runs tasks directly on this machine "
+                    "and cannot provide it (run it on a cluster)",
+                )
+            )
+        elif definition.docker_image:
+            problems.append(
+                Problem(
+                    f"{prefix}tasks[{t}]",
+                    f"task.toml asks for container image '{definition.docker_image}'; the "
+                    "local executor runs tasks directly on this machine and cannot provide it",
+                )
+            )
+
+    work = host_env.get(WORK_DIR_VARIABLE)
+    if work and not (Path(work).is_dir() and os.access(work, os.W_OK)):
+        problems.append(
+            Problem(WORK_DIR_VARIABLE, f"{work} is not a writable directory; create it or unset it")
+        )
+
+    if problems:
+        raise PrerequisiteError(
+            f"{len(problems)} prerequisite(s) missing; nothing was started:", problems
+        )
+    return ResolvedCommands(commands, host_path)

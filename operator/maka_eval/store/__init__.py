@@ -1,0 +1,1 @@
+"""The append-only file attempt store of the local executor."""

@@ -1,0 +1,199 @@
+"""The writer lock: one writer per run directory.
+
+`.writer.lock` is created exclusively and holds the writer's pid, host and start time;
+the writer also holds an flock on it, which the kernel drops when the process dies.
+A lock whose flock is held is live and refuses a second writer. A lock left behind by
+a writer that died is stale: it is reported with how to prove no writer remains,
+and removed only by `maka-eval unlock`, which checks that proof.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import socket
+import sys
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from enum import Enum
+from pathlib import Path
+
+from maka_eval.errors import Problem, StoreError
+
+LOCK_NAME = ".writer.lock"
+
+
+class LockState(str, Enum):
+    """What a lock file says about writers."""
+
+    FREE = "free"
+    LIVE = "live"
+    STALE = "stale"
+
+
+@dataclass(frozen=True)
+class LockInfo:
+    """The content of a lock file."""
+
+    pid: int | None
+    host: str | None
+    started_at: str | None
+    command: str | None
+
+    def describe(self) -> str:
+        return f"pid {self.pid} on host {self.host} (since {self.started_at})"
+
+
+def _read_info(path: Path) -> LockInfo:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        data = {}
+    if not isinstance(data, dict):
+        data = {}
+    pid = data.get("pid")
+    return LockInfo(
+        pid if isinstance(pid, int) else None,
+        data.get("host") if isinstance(data.get("host"), str) else None,
+        data.get("startedAt") if isinstance(data.get("startedAt"), str) else None,
+        data.get("command") if isinstance(data.get("command"), str) else None,
+    )
+
+
+def _flock_held(path: Path) -> bool:
+    """Whether some live process holds the lock's flock (reliable on one host)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
+    finally:
+        os.close(fd)
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this pid exists on this host."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def inspect_lock(run_dir: Path) -> tuple[LockState, LockInfo | None]:
+    """The lock's state and content."""
+    path = run_dir / LOCK_NAME
+    if not path.exists():
+        return LockState.FREE, None
+    info = _read_info(path)
+    if _flock_held(path):
+        return LockState.LIVE, info
+    if info.host not in (None, socket.gethostname()):
+        # Another host's flock is invisible here: it may be a live writer.
+        return LockState.LIVE if info.pid is not None else LockState.STALE, info
+    return LockState.STALE, info
+
+
+def stale_lock_problem(run_dir: Path, info: LockInfo) -> Problem:
+    """How to prove that no writer remains, and how to remove the lock then."""
+    lock = run_dir / LOCK_NAME
+    return Problem(
+        str(lock),
+        f"left by {info.describe()}, which did not finish. Prove no writer remains: "
+        f"on host {info.host}, `ps -p {info.pid}` must show no maka-eval process, and no "
+        "subject of that run may still be running. `maka-eval unlock "
+        f"{run_dir}` checks both on this host and removes the lock; then run again "
+        "to resume.",
+    )
+
+
+class WriterLock:
+    """Held by the one process writing attempts into a run directory."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.path = run_dir / LOCK_NAME
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        """Take the lock, or raise StoreError saying who holds it and what to do."""
+        run_dir = self.path.parent
+        try:
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        except FileExistsError:
+            state, info = inspect_lock(run_dir)
+            assert info is not None
+            if state is LockState.LIVE:
+                raise StoreError(
+                    f"{run_dir} is being written by another maka-eval run:",
+                    [Problem(str(self.path), f"held by {info.describe()}; wait for it to "
+                             "finish or stop it (Ctrl-C) before running again")],
+                ) from None
+            raise StoreError(
+                f"{run_dir} has a stale writer lock:", [stale_lock_problem(run_dir, info)]
+            ) from None
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        info = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "startedAt": datetime.now(tz=UTC).isoformat(),
+            "command": " ".join(sys.argv)[:500],
+        }
+        os.write(fd, json.dumps(info).encode())
+        os.fsync(fd)
+        self._fd = fd
+
+    def release(self) -> None:
+        """Remove the lock (the writer finished, cleanly or by cancellation)."""
+        if self._fd is None:
+            return
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()
+        os.close(self._fd)
+        self._fd = None
+
+
+def unlock(run_dir: Path, run_id: str, *, force: bool = False) -> LockInfo:
+    """Remove a stale lock after proving no writer and no subject of the run remains.
+
+    On the lock's own host the proof is: nobody holds the flock (the writer held it for
+    its whole life, so it is dead) and no process carries the run's MAKA_EVAL_RUN_ID. For a lock from another host that proof
+    cannot be made here; `force` says the user made it there.
+    """
+    from maka_eval.relay.processes import find_marked  # light; only /proc reading
+
+    state, info = inspect_lock(run_dir)
+    path = run_dir / LOCK_NAME
+    if state is LockState.FREE or info is None:
+        raise StoreError(f"{run_dir} has no writer lock; nothing to do")
+    if _flock_held(path):
+        raise StoreError(
+            f"{run_dir} is being written right now:",
+            [Problem(str(path), f"held by {info.describe()}; stop that run (Ctrl-C) instead")],
+        )
+    here = socket.gethostname()
+    if info.host not in (None, here) and not force:
+        raise StoreError(
+            f"{path} was left by host {info.host}; this is {here}:",
+            [Problem(str(path), f"on {info.host}, check `ps -p {info.pid}` shows no maka-eval "
+                     "process and no subject of the run remains, then run unlock with --force")],
+        )
+    if info.host in (None, here):
+        leftovers = find_marked("MAKA_EVAL_RUN_ID", run_id)
+        if leftovers:
+            raise StoreError(
+                f"processes of this run are still running (pids {', '.join(map(str, leftovers[:20]))}):",
+                [Problem(str(path), "they belong to subjects of the run whose writer died; "
+                         f"stop them (kill {' '.join(map(str, leftovers[:20]))}) and unlock again")],
+            )
+    path.unlink()
+    return info
