@@ -50,7 +50,9 @@ def _earliest(buf: bytes, start: int, secrets: Mapping[bytes, bytes]) -> tuple[i
     return best
 
 
-def _redact_stream(src: BinaryIO, sink: BinaryIO, secrets: Mapping[bytes, bytes]) -> tuple[int, str]:
+def _redact_stream(
+    src: BinaryIO, sink: BinaryIO, secrets: Mapping[bytes, bytes]
+) -> tuple[int, str]:
     longest = max(len(s) for s in secrets)
     digest = hashlib.sha256()
     size = 0

@@ -9,8 +9,8 @@ every subject has a result.
 from __future__ import annotations
 
 import math
-from collections import Counter
 import statistics
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -99,7 +99,8 @@ def _subject_summaries(
 ) -> list[SubjectSummary]:
     by_cell = {row.cell_id: row for row in rows}
     complete_groups = [
-        group for group in expansion.groups
+        group
+        for group in expansion.groups
         if all(by_cell[c.id].selected is not None for c in group.cells)
     ]
     summaries = []
@@ -139,7 +140,9 @@ def _subject_summaries(
 
 def summarize_contents(contents: RunContents) -> RunSummary:
     """Summarize what `read_run` returned."""
-    experiment, _ = experiment_from_data(contents.experiment, str(contents.run_dir / "experiment.json"))
+    experiment, _ = experiment_from_data(
+        contents.experiment, str(contents.run_dir / "experiment.json")
+    )
     expansion = expand(experiment)
     cap = experiment.spec.execution.max_infra_retries
     rows = []

@@ -36,11 +36,12 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
-out = Console()
-err = Console(stderr=True)
+# Tables stay readable in logs and pipes, where rich would otherwise assume 80 columns.
+out = Console(width=None if sys.stdout.isatty() else 160)
+err = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
 
 
-class OutputFormat(str, enum.Enum):
+class OutputFormat(enum.StrEnum):
     table = "table"
     json = "json"
     csv = "csv"
@@ -70,7 +71,9 @@ def _load(experiment: Path) -> tuple[LoadedExperiment, dict[str, TaskDefinition]
 
 @app.command()
 def validate(
-    experiment: Annotated[Path, typer.Argument(help="Experiment file (YAML or JSON, either form).")],
+    experiment: Annotated[
+        Path, typer.Argument(help="Experiment file (YAML or JSON, either form).")
+    ],
     cells: Annotated[bool, typer.Option("--cells", help="Also list every cell id.")] = False,
 ) -> None:
     """Check an experiment strictly and show what it expands into."""
@@ -89,8 +92,12 @@ def validate(
 
 @app.command()
 def run(
-    experiment: Annotated[Path, typer.Argument(help="Experiment file (YAML or JSON, either form).")],
-    out_dir: Annotated[Path, typer.Option("--out", "-o", help="Run directory (created or resumed).")],
+    experiment: Annotated[
+        Path, typer.Argument(help="Experiment file (YAML or JSON, either form).")
+    ],
+    out_dir: Annotated[
+        Path, typer.Option("--out", "-o", help="Run directory (created or resumed).")
+    ],
     cell: Annotated[
         list[str] | None,
         typer.Option(
@@ -142,7 +149,9 @@ def status(
 @app.command()
 def results(
     run_dir: Annotated[Path, typer.Argument(help="Run directory.")],
-    fmt: Annotated[OutputFormat, typer.Option("--format", "-f", help="Output format.")] = OutputFormat.table,
+    fmt: Annotated[
+        OutputFormat, typer.Option("--format", "-f", help="Output format.")
+    ] = OutputFormat.table,
 ) -> None:
     """Print the result map: each cell's earliest valid attempt, and per-subject summaries."""
     summary = summarize(str(run_dir))

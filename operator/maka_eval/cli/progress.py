@@ -99,13 +99,19 @@ class RunProgress:
             self._total = event.cells_to_run
             self._progress.update(self._task, total=event.cells_to_run)
             what = "resuming" if event.resumed else "starting"
-            self._say(Text(
-                f"{what} {event.run_dir}: {event.cells_to_run} cell(s) in {event.groups_to_run} "
-                f"task group(s) to run, at most {event.max_concurrent_groups} group(s) at once"
-                + (f"; {event.cells_with_results} cell(s) already have results"
-                   if event.cells_with_results else ""),
-                style="bold",
-            ))
+            self._say(
+                Text(
+                    f"{what} {event.run_dir}: {event.cells_to_run} cell(s) in "
+                    f"{event.groups_to_run} task group(s) to run, at most "
+                    f"{event.max_concurrent_groups} group(s) at once"
+                    + (
+                        f"; {event.cells_with_results} cell(s) already have results"
+                        if event.cells_with_results
+                        else ""
+                    ),
+                    style="bold",
+                )
+            )
         elif isinstance(event, AttemptStarted):
             self._subjects[event.subject_id].running += 1
         elif isinstance(event, AttemptFinished):
@@ -124,22 +130,30 @@ class RunProgress:
                     p.failed += 1
             if self._live is None:
                 retry = " (retrying)" if event.will_retry else ""
-                line = Text(f"[{self._finished_cells}/{self._total}] {record.cell_id} #{record.attempt} ")
+                line = Text(
+                    f"[{self._finished_cells}/{self._total}] {record.cell_id} #{record.attempt} "
+                )
                 line.append(status, style=STATUS_STYLE.get(status, ""))
-                line.append(f" score={fmt_score(record.result.score)}"
-                            f" {record.result.duration_sec:.2f}s{retry}")
+                line.append(
+                    f" score={fmt_score(record.result.score)}"
+                    f" {record.result.duration_sec:.2f}s{retry}"
+                )
                 if record.reason and not record.status.is_result:
                     line.append(f"  {record.reason}", style="dim")
                 self.console.print(line)
         elif isinstance(event, BudgetReached):
-            self._say(Text(
-                f"budget reached ({event.budget.describe()}): no new task group starts; "
-                f"{event.held_groups} group(s) held back, running groups finish",
-                style="yellow",
-            ))
+            self._say(
+                Text(
+                    f"budget reached ({event.budget.describe()}): no new task group starts; "
+                    f"{event.held_groups} group(s) held back, running groups finish",
+                    style="yellow",
+                )
+            )
         elif isinstance(event, Cancelling):
-            self._say(Text(
-                f"stopping: quiescing {event.running_attempts} running attempt(s) and recording "
-                "them as cancelled...",
-                style="magenta",
-            ))
+            self._say(
+                Text(
+                    f"stopping: quiescing {event.running_attempts} running attempt(s) and "
+                    "recording them as cancelled...",
+                    style="magenta",
+                )
+            )

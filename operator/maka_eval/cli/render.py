@@ -8,6 +8,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from rich import box
 from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
@@ -35,7 +36,7 @@ def fmt_cost(value: float | None) -> str:
     return "-" if value is None else f"${value:.4f}"
 
 
-def _score_bar(value: float | None, width: int = 12) -> Text:
+def _score_bar(value: float | None, width: int = 10) -> Text:
     if value is None:
         return Text("")
     filled = max(0, min(width, round(value * width)))
@@ -64,8 +65,7 @@ def expansion_view(loaded: LoadedExperiment, expansion: Expansion) -> Renderable
     table.add_row("executor", spec.executor.kind)
     table.add_row(
         "subjects",
-        f"{len(spec.subjects)}: "
-        + ", ".join(f"{s.id} ({subject_kind(s)})" for s in spec.subjects),
+        f"{len(spec.subjects)}: " + ", ".join(f"{s.id} ({subject_kind(s)})" for s in spec.subjects),
     )
     table.add_row("tasks", f"{len(spec.tasks)}: " + ", ".join(t.id for t in spec.tasks))
     table.add_row("repetitions", str(spec.repetitions))
@@ -89,30 +89,25 @@ def expansion_view(loaded: LoadedExperiment, expansion: Expansion) -> Renderable
 
 
 def subjects_table(subjects: Sequence[SubjectSummary], title: str = "Subjects") -> Table:
-    """Per-subject summary."""
-    table = Table(title=title, title_justify="left")
-    table.add_column("subject", style="bold")
-    table.add_column("results", justify="right")
-    table.add_column("completed", justify="right")
-    table.add_column("failed", justify="right")
-    table.add_column("no result", justify="right")
-    table.add_column("mean score", justify="right")
+    """Per-subject summary; 'paired' uses only task groups where every subject has a result."""
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD)
+    table.add_column("subject", style="bold", no_wrap=True)
+    table.add_column("results", justify="right", no_wrap=True)
+    table.add_column("done/failed", justify="right", no_wrap=True)
+    table.add_column("mean ± s.e.", justify="right", no_wrap=True)
     table.add_column("", no_wrap=True)
-    table.add_column("± s.e.", justify="right")
-    table.add_column("paired (n)", justify="right")
-    table.add_column("tokens", justify="right")
-    table.add_column("cost", justify="right")
-    table.add_column("mean time", justify="right")
+    table.add_column("paired (n)", justify="right", no_wrap=True)
+    table.add_column("tokens", justify="right", no_wrap=True)
+    table.add_column("cost", justify="right", no_wrap=True)
+    table.add_column("time", justify="right", no_wrap=True)
     for s in subjects:
+        spread = f" ± {s.stderr:.3f}" if s.stderr is not None else ""
         table.add_row(
             s.subject_id,
             f"{s.results}/{s.cells}",
-            str(s.completed),
-            str(s.subject_failed),
-            str(s.without_result) if s.without_result else "-",
-            fmt_score(s.mean_score),
+            f"{s.completed}/{s.subject_failed}",
+            f"{fmt_score(s.mean_score)}{spread}",
             _score_bar(s.mean_score),
-            fmt_score(s.stderr),
             f"{fmt_score(s.paired_mean_score)} ({s.paired_n})",
             f"{s.tokens:,}" if s.tokens else "-",
             fmt_cost(s.cost_usd) if s.cost_usd else "-",
@@ -123,11 +118,19 @@ def subjects_table(subjects: Sequence[SubjectSummary], title: str = "Subjects") 
 
 def cells_table(summary: RunSummary) -> Table:
     """Per-cell state and selected result."""
-    table = Table(title="Cells", title_justify="left")
-    for name, justify in (("cell", "left"), ("state", "left"), ("status", "left"),
-                          ("score", "right"), ("tokens", "right"), ("cost", "right"),
-                          ("time", "right"), ("attempt", "right"), ("note", "left")):
-        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+    table = Table(title="Cells", title_justify="left", box=box.SIMPLE_HEAD)
+    for name, justify in (
+        ("cell", "left"),
+        ("state", "left"),
+        ("status", "left"),
+        ("score", "right"),
+        ("tokens", "right"),
+        ("cost", "right"),
+        ("time", "right"),
+        ("attempt", "right"),
+        ("note", "left"),
+    ):
+        table.add_column(name, justify=justify, no_wrap=name != "note")  # type: ignore[arg-type]
     for row in summary.cells:
         record = row.selected or row.last
         kernel = record.result if record else None
@@ -198,10 +201,14 @@ def status_view(summary: RunSummary) -> RenderableType:
 
 def results_table(summary: RunSummary) -> RenderableType:
     """What `results --format table` prints."""
-    table = Table(title="Results (earliest valid attempt per cell)", title_justify="left")
+    table = Table(
+        title="Results (earliest valid attempt per cell)", title_justify="left", box=box.SIMPLE_HEAD
+    )
     columns = ("cell", "status", "score", "tokens", "cost", "time", "attempt")
     for name in columns:
-        table.add_column(name, justify="left" if name in ("cell", "status") else "right")
+        table.add_column(
+            name, justify="left" if name in ("cell", "status") else "right", no_wrap=True
+        )
     for row in result_rows(summary):
         table.add_row(
             row["cell"],
@@ -215,8 +222,14 @@ def results_table(summary: RunSummary) -> RenderableType:
     missing = [r.cell_id for r in summary.cells if r.selected is None]
     parts: list[RenderableType] = [table, subjects_table(summary.subjects)]
     if missing:
-        parts.append(Text(f"{len(missing)} cell(s) without a result: " + ", ".join(missing[:10])
-                          + (" ..." if len(missing) > 10 else ""), style="yellow"))
+        parts.append(
+            Text(
+                f"{len(missing)} cell(s) without a result: "
+                + ", ".join(missing[:10])
+                + (" ..." if len(missing) > 10 else ""),
+                style="yellow",
+            )
+        )
     return Group(*parts)
 
 
@@ -246,7 +259,8 @@ def results_json(summary: RunSummary) -> str:
         "cells": result_rows(summary),
         "withoutResult": [
             {"cell": r.cell_id, "state": r.state.value, "attempts": r.attempts}
-            for r in summary.cells if r.selected is None
+            for r in summary.cells
+            if r.selected is None
         ],
         "subjects": subjects,
         "budget": {

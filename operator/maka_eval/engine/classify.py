@@ -8,20 +8,20 @@ execution ended, the result frame, the verifier's reward, metered model work) an
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 
 from maka_eval.engine.status import AttemptStatus, StatusSource, SubjectStatus
 from maka_eval.engine.usage import Usage
 
 
-class ResultContract(str, Enum):
+class ResultContract(StrEnum):
     """How a subject reports its result."""
 
     EXIT_CODE = "exit-code"
     PROTOCOL_V1 = "protocol-v1"
 
 
-class ExecutionEnd(str, Enum):
+class ExecutionEnd(StrEnum):
     """How the subject's execution ended, as the relay observed it."""
 
     EXITED = "exited"
@@ -44,7 +44,7 @@ class Execution:
     timeout_sec: float | None = None
 
 
-class FrameState(str, Enum):
+class FrameState(StrEnum):
     """What the relay found on the result-frame channel."""
 
     NOT_EXPECTED = "not_expected"
@@ -140,32 +140,50 @@ def classify(
 
     if execution.end is ExecutionEnd.CANCELLED:
         return Classification(
-            AttemptStatus.CANCELLED, None, usage, cost, StatusSource.CANCELLATION,
+            AttemptStatus.CANCELLED,
+            None,
+            usage,
+            cost,
+            StatusSource.CANCELLATION,
             "the run was cancelled while the attempt ran",
         )
     if execution.end is ExecutionEnd.THREW:
         # Admitted work stays attributed, but an infrastructure failure is never a zero.
         return Classification(
-            AttemptStatus.INFRA_FAILED, None, usage, cost, StatusSource.INFRASTRUCTURE,
+            AttemptStatus.INFRA_FAILED,
+            None,
+            usage,
+            cost,
+            StatusSource.INFRASTRUCTURE,
             f"the execution failed: {execution.error or 'unknown error'}",
         )
     if verification.score is None:
         return Classification(
-            AttemptStatus.INFRA_FAILED, None, usage, cost, StatusSource.VERIFIER,
+            AttemptStatus.INFRA_FAILED,
+            None,
+            usage,
+            cost,
+            StatusSource.VERIFIER,
             f"the verifier produced no reward: {verification.error or 'unknown reason'}",
         )
     score = verification.score
     if execution.end is ExecutionEnd.TIMED_OUT:
         limit = f" after {execution.timeout_sec:g}s" if execution.timeout_sec else ""
         return Classification(
-            AttemptStatus.SUBJECT_FAILED, score, usage, cost, StatusSource.TIMEOUT,
+            AttemptStatus.SUBJECT_FAILED,
+            score,
+            usage,
+            cost,
+            StatusSource.TIMEOUT,
             f"the framework timeout cut the subject off{limit}",
         )
 
     if contract is ResultContract.EXIT_CODE:
         status = _from_exit_code(execution.exit_code)
-        reason = None if status is AttemptStatus.COMPLETED else (
-            f"the subject exited with code {execution.exit_code}"
+        reason = (
+            None
+            if status is AttemptStatus.COMPLETED
+            else (f"the subject exited with code {execution.exit_code}")
         )
         return Classification(
             status, score, usage, cost, StatusSource.EXIT_CODE, reason, execution.exit_code
@@ -174,13 +192,17 @@ def classify(
     if frame.valid:
         if frame.status is not None:
             status = AttemptStatus(frame.status.value)
-            reason = None if status is AttemptStatus.COMPLETED else (
-                "the subject reported subject_failed"
+            reason = (
+                None
+                if status is AttemptStatus.COMPLETED
+                else ("the subject reported subject_failed")
             )
             return Classification(status, score, usage, cost, StatusSource.FRAME, reason)
         status = _from_exit_code(execution.exit_code)
-        reason = None if status is AttemptStatus.COMPLETED else (
-            f"the subject exited with code {execution.exit_code}"
+        reason = (
+            None
+            if status is AttemptStatus.COMPLETED
+            else (f"the subject exited with code {execution.exit_code}")
         )
         return Classification(
             status, score, usage, cost, StatusSource.EXIT_CODE, reason, execution.exit_code
@@ -190,11 +212,19 @@ def classify(
     problem = _frame_problem(frame)
     if metered is not None and metered.admitted_requests > 0:
         return Classification(
-            AttemptStatus.SUBJECT_FAILED, score, usage, cost, StatusSource.ADMITTED_WORK,
+            AttemptStatus.SUBJECT_FAILED,
+            score,
+            usage,
+            cost,
+            StatusSource.ADMITTED_WORK,
             f"{problem} after {metered.admitted_requests} admitted model request(s); "
             "recorded as a failure, not retried at the same cost",
         )
     return Classification(
-        AttemptStatus.INFRA_FAILED, None, usage, cost, StatusSource.INFRASTRUCTURE,
+        AttemptStatus.INFRA_FAILED,
+        None,
+        usage,
+        cost,
+        StatusSource.INFRASTRUCTURE,
         f"{problem} and no admitted model work is on record",
     )

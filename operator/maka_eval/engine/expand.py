@@ -77,7 +77,9 @@ class Expansion:
         return len(self._cells)
 
 
-def expand_ids(task_ids: tuple[str, ...], subject_ids: tuple[str, ...], repetitions: int) -> Expansion:
+def expand_ids(
+    task_ids: tuple[str, ...], subject_ids: tuple[str, ...], repetitions: int
+) -> Expansion:
     """Expand from ids alone (the rule itself; `expand` feeds it an experiment)."""
     groups = []
     for repetition in range(1, repetitions + 1):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from enum import Enum
+from enum import StrEnum
 from typing import Protocol, TypeVar
 
 from maka_eval.engine.status import AttemptStatus
@@ -28,7 +28,7 @@ def select_result(attempts: Sequence[A]) -> A | None:
     return min(valid, key=lambda a: a.number) if valid else None
 
 
-class CellState(str, Enum):
+class CellState(StrEnum):
     """Where a cell stands, judged from its attempts."""
 
     PENDING = "pending"

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from enum import Enum
+from enum import StrEnum
 
 
-class AttemptStatus(str, Enum):
+class AttemptStatus(StrEnum):
     """How one attempt of a cell ended."""
 
     COMPLETED = "completed"
@@ -28,14 +28,14 @@ class AttemptStatus(str, Enum):
 RESULT_STATUSES = frozenset({AttemptStatus.COMPLETED, AttemptStatus.SUBJECT_FAILED})
 
 
-class SubjectStatus(str, Enum):
+class SubjectStatus(StrEnum):
     """What a subject says about itself in a protocol-v1 result frame."""
 
     COMPLETED = "completed"
     SUBJECT_FAILED = "subject_failed"
 
 
-class StatusSource(str, Enum):
+class StatusSource(StrEnum):
     """Which evidence decided an attempt's status (recorded next to it)."""
 
     FRAME = "frame"

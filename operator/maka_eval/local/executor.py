@@ -76,14 +76,18 @@ class RunReport:
     records: list[AttemptRecord] = field(default_factory=list)
 
 
-def selected_cells(expansion: Expansion, requested: Sequence[str], prefix: str = "--cell") -> list[str]:
+def selected_cells(
+    expansion: Expansion, requested: Sequence[str], prefix: str = "--cell"
+) -> list[str]:
     """Validate `--cell` ids against the expansion (CellSelectionError on unknown ids)."""
     problems = []
     for value in requested:
         if value not in expansion:
             close = difflib.get_close_matches(value, [c.id for c in expansion.cells], n=1)
-            hint = f"; did you mean '{close[0]}'?" if close else (
-                "; cell ids are <taskId>::<repetition>::<subjectId>"
+            hint = (
+                f"; did you mean '{close[0]}'?"
+                if close
+                else ("; cell ids are <taskId>::<repetition>::<subjectId>")
             )
             problems.append(Problem(f"{prefix} {value}", f"no such cell in this experiment{hint}"))
     if problems:
@@ -94,7 +98,9 @@ def selected_cells(expansion: Expansion, requested: Sequence[str], prefix: str =
 def work_root(host_env: Mapping[str, str]) -> Path:
     """Where attempt workspaces live: outside the run directory, never inside it."""
     configured = host_env.get(WORK_DIR_VARIABLE)
-    base = Path(configured) if configured else Path(tempfile.gettempdir()) / f"maka-eval-{os.getuid()}"
+    base = (
+        Path(configured) if configured else Path(tempfile.gettempdir()) / f"maka-eval-{os.getuid()}"
+    )
     base.mkdir(parents=True, exist_ok=True, mode=0o700)
     return base
 
@@ -213,7 +219,9 @@ class LocalRun:
                 resumed=any(writer.contents.records.values()) or bool(writer.contents.interrupted),
                 total_cells=len(self.expansion),
                 cells_with_results=sum(
-                    1 for rs in writer.contents.records.values() if any(r.status.is_result for r in rs)
+                    1
+                    for rs in writer.contents.records.values()
+                    if any(r.status.is_result for r in rs)
                 ),
                 cells_to_run=len(work),
                 groups_to_run=groups_to_run,
@@ -250,7 +258,9 @@ class LocalRun:
                     for future in running.pop(group_id):
                         future.result()  # a store failure ends the run, loudly
 
-    def _start_group(self, pool: ThreadPoolExecutor, launch: Launch, trigger: Trigger) -> list[Future[None]]:
+    def _start_group(
+        self, pool: ThreadPoolExecutor, launch: Launch, trigger: Trigger
+    ) -> list[Future[None]]:
         arms = launch.cells
         barrier = threading.Barrier(len(arms), timeout=600) if len(arms) > 1 else None
         return [pool.submit(self._run_arm, cell, barrier, trigger) for cell in arms]
@@ -265,7 +275,9 @@ class LocalRun:
                 record = self._run_one(cell, trigger, gate)
                 gate = None
                 statuses.append(record.status)
-                again = trigger != "manual" and not self.cancel.is_set() and needs_retry(statuses, cap)
+                again = (
+                    trigger != "manual" and not self.cancel.is_set() and needs_retry(statuses, cap)
+                )
                 self.events(AttemptFinished(record, again))
                 if not again:
                     return
@@ -295,7 +307,9 @@ class LocalRun:
         with self._budget_lock:
             self._running_attempts += 1
         try:
-            outcome = run_attempt(plan, self.supervisor, self.cancel, self.host_env, start_gate=gate)
+            outcome = run_attempt(
+                plan, self.supervisor, self.cancel, self.host_env, start_gate=gate
+            )
         finally:
             with self._budget_lock:
                 self._running_attempts -= 1

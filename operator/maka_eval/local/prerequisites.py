@@ -25,7 +25,9 @@ def resolve_command(command: str, base_dir: Path, path_env: str | None) -> Path 
     """The program a spec's command names: a path from the experiment's folder, or PATH."""
     if "/" in command:
         candidate = Path(command) if os.path.isabs(command) else base_dir / command
-        return candidate.resolve() if candidate.is_file() and os.access(candidate, os.X_OK) else None
+        return (
+            candidate.resolve() if candidate.is_file() and os.access(candidate, os.X_OK) else None
+        )
     found = shutil.which(command, path=path_env)
     return Path(found) if found else None
 
@@ -86,7 +88,9 @@ def check_prerequisites(
         if isinstance(subject, ExternalSubject):
             resolved = resolve_command(subject.config.command, base, path_env)
             if resolved is None:
-                problems.append(_command_problem(subject.config.command, f"{where}.config.command", base))
+                problems.append(
+                    _command_problem(subject.config.command, f"{where}.config.command", base)
+                )
             else:
                 commands[subject.id] = resolved
         elif isinstance(subject, MakaSubject) and host_path is not None:

@@ -172,16 +172,22 @@ class _Attempt:
         env = subject_environment(
             self.base_env, self._attempt_vars(), plan.subject.env, self.credentials
         )
-        with open(layout.output / "subject.stdout", "wb") as out, open(
-            layout.output / "subject.stderr", "wb"
-        ) as err:
+        with (
+            open(layout.output / "subject.stdout", "wb") as out,
+            open(layout.output / "subject.stderr", "wb") as err,
+        ):
             try:
                 proc = self.supervisor.spawn(
-                    list(plan.subject.argv), cwd=str(layout.workspace), env=env, stdout=out, stderr=err
+                    list(plan.subject.argv),
+                    cwd=str(layout.workspace),
+                    env=env,
+                    stdout=out,
+                    stderr=err,
                 )
             except OSError as exc:
                 return Execution(
-                    ExecutionEnd.THREW, error=f"cannot start {plan.subject.argv[0]!r}: {exc.strerror}"
+                    ExecutionEnd.THREW,
+                    error=f"cannot start {plan.subject.argv[0]!r}: {exc.strerror}",
                 )
         self.subject_started_at = time.time()
         end = self.supervisor.wait(proc, plan.agent_timeout_sec, self.cancel)
@@ -221,9 +227,10 @@ class _Attempt:
             }
         )
         env.update(self.base_env)
-        with open(layout.output / "verifier.stdout", "wb") as out, open(
-            layout.output / "verifier.stderr", "wb"
-        ) as err:
+        with (
+            open(layout.output / "verifier.stdout", "wb") as out,
+            open(layout.output / "verifier.stderr", "wb") as err,
+        ):
             argv = [str(script)]
             try:
                 proc = self.supervisor.spawn(
@@ -261,7 +268,8 @@ class _Attempt:
             for name in ("subject.stdout", "subject.stderr", "verifier.stdout", "verifier.stderr")
         ]
         candidates += [
-            (f"verifier/{name}", layout.verifier_logs / name) for name in ("reward.json", "reward.txt")
+            (f"verifier/{name}", layout.verifier_logs / name)
+            for name in ("reward.json", "reward.txt")
         ]
         candidates.append(("result-frame.json", layout.frame_dir / "result.json"))
         found = []
@@ -296,7 +304,7 @@ class _Attempt:
                 else:
                     verification = result
             t_verified = time.perf_counter()
-        except Exception as exc:  # noqa: BLE001 - the relay failing is a recorded infra failure
+        except Exception as exc:
             execution = Execution(ExecutionEnd.THREW, error=f"{type(exc).__name__}: {exc}")
             with contextlib.suppress(Exception):
                 self.pass_gate()  # the other arms must not wait for this one

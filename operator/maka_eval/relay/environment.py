@@ -38,9 +38,7 @@ def base_environment(
     }
 
 
-def resolve_credentials(
-    bindings: Mapping[str, str], host_env: Mapping[str, str]
-) -> dict[str, str]:
+def resolve_credentials(bindings: Mapping[str, str], host_env: Mapping[str, str]) -> dict[str, str]:
     """target name -> value, for each target -> source binding (MissingCredential if unset)."""
     values = {}
     for target, source in bindings.items():

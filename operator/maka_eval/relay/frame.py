@@ -87,7 +87,9 @@ def read_bounded(dir_fd: int, name: str, limit: int) -> bytes | None:
     regular file (a symlink or FIFO placed there is refused, not followed or waited on).
     """
     try:
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+        fd = os.open(
+            name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd
+        )
     except FileNotFoundError:
         return None
     try:

@@ -50,7 +50,9 @@ class AttemptOutcome:
         return self.timings.get("subjectSec", 0.0)
 
 
-def kernel(outcome: AttemptOutcome, digests: Sequence[tuple[str, ArtifactDigest]]) -> dict[str, Any]:
+def kernel(
+    outcome: AttemptOutcome, digests: Sequence[tuple[str, ArtifactDigest]]
+) -> dict[str, Any]:
     """The result kernel (plus the reason and status source), bounded for a pod."""
     c = outcome.classification
     body: dict[str, Any] = {

@@ -27,7 +27,7 @@ import time
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 from typing import IO
 
 MARKER_VARIABLE = "MAKA_EVAL_ATTEMPT_ID"
@@ -35,7 +35,7 @@ _PR_SET_CHILD_SUBREAPER = 36
 _HAS_PROC = os.path.isdir("/proc/self")
 
 
-class WaitEnd(str, Enum):
+class WaitEnd(StrEnum):
     """Why waiting for a process stopped."""
 
     EXITED = "exited"
@@ -151,9 +151,7 @@ class ProcessSupervisor:
             self._managed.add(proc.pid)
         return proc
 
-    def wait(
-        self, proc: subprocess.Popen[bytes], timeout: float, cancel: CancelToken
-    ) -> WaitEnd:
+    def wait(self, proc: subprocess.Popen[bytes], timeout: float, cancel: CancelToken) -> WaitEnd:
         """Wait for exit, the timeout, or cancellation, whichever comes first."""
         deadline = time.monotonic() + timeout
         pidfd = -1

@@ -18,11 +18,7 @@ MAX_REWARD_BYTES = 64 * 1024
 
 
 def _finite_number(value: object) -> bool:
-    return (
-        not isinstance(value, bool)
-        and isinstance(value, int | float)
-        and math.isfinite(value)
-    )
+    return not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value)
 
 
 def parse_reward_json(data: bytes, score_key: str) -> Verification:
@@ -37,7 +33,9 @@ def parse_reward_json(data: bytes, score_key: str) -> Verification:
         return Verification(None, "reward.json must be an object of numbers")
     bad = sorted(str(k) for k, v in rewards.items() if not _finite_number(v))
     if bad:
-        return Verification(None, f"reward.json values must be finite numbers (not: {', '.join(bad)[:80]})")
+        return Verification(
+            None, f"reward.json values must be finite numbers (not: {', '.join(bad)[:80]})"
+        )
     if score_key not in rewards:
         keys = ", ".join(sorted(rewards))[:80] or "none"
         return Verification(None, f"reward.json has no '{score_key}' key (keys: {keys})")

@@ -48,8 +48,6 @@ def _nonblank(value: str) -> str:
 Id = Annotated[str, _checked(ids.id_problem)]
 ExperimentId = Annotated[str, _checked(ids.experiment_id_problem)]
 EnvName = Annotated[str, _checked(ids.env_name_problem)]
-SubjectEnvName = Annotated[
-    str, _checked(ids.env_name_problem), _checked(ids.reserved_env_problem)
-]
+SubjectEnvName = Annotated[str, _checked(ids.env_name_problem), _checked(ids.reserved_env_problem)]
 NonBlank = Annotated[str, AfterValidator(_nonblank)]
 PositiveSeconds = Annotated[float, Field(gt=0, le=7 * 24 * 3600)]

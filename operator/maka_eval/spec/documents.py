@@ -45,7 +45,7 @@ def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode) -> dict[An
     loader.flatten_mapping(node)
     result: dict[Any, Any] = {}
     for key_node, value_node in node.value:
-        key = loader.construct_object(key_node, deep=True)  # type: ignore[no-untyped-call]
+        key = loader.construct_object(key_node, deep=True)
         if not isinstance(key, str):
             raise yaml.constructor.ConstructorError(
                 None, None, f"mapping keys must be strings, got {key!r}", key_node.start_mark
@@ -57,13 +57,13 @@ def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode) -> dict[An
                 f"duplicate key '{key}' (a mapping may name a key only once)",
                 key_node.start_mark,
             )
-        result[key] = loader.construct_object(value_node, deep=True)  # type: ignore[no-untyped-call]
+        result[key] = loader.construct_object(value_node, deep=True)
     return result
 
 
 _StrictLoader.add_constructor(
     yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
-    _construct_mapping,  # type: ignore[arg-type]
+    _construct_mapping,
 )
 
 
@@ -77,7 +77,7 @@ def _yaml_problem(source: str, exc: yaml.YAMLError) -> Problem:
 def parse_yaml(text: str, source: str) -> Any:
     """Parse exactly one YAML document."""
     try:
-        documents = list(yaml.load_all(text, Loader=_StrictLoader))  # noqa: S506
+        documents = list(yaml.load_all(text, Loader=_StrictLoader))
     except yaml.YAMLError as exc:
         raise DocumentError(_yaml_problem(source, exc)) from None
     documents = [d for d in documents if d is not None]

@@ -161,8 +161,10 @@ def _message(error: ErrorDetails, walk: _Walk) -> str:
     if kind == "string_type":
         hint = ""
         if isinstance(value, bool | int | float):
-            hint = f"; quote it: \"{value}\"" if not isinstance(value, bool) else (
-                "; quote it (YAML reads true/false as booleans)"
+            hint = (
+                f'; quote it: "{value}"'
+                if not isinstance(value, bool)
+                else ("; quote it (YAML reads true/false as booleans)")
             )
         return f"must be a string, got {_describe_input(value)}{hint}"
     if kind in ("int_type", "int_parsing", "int_from_float"):

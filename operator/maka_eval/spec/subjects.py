@@ -91,6 +91,4 @@ class OracleSubject(_SubjectBase):
     config: OracleSubjectConfig = Field(default_factory=OracleSubjectConfig)
 
 
-Subject = Annotated[
-    ExternalSubject | MakaSubject | OracleSubject, Field(discriminator="kind")
-]
+Subject = Annotated[ExternalSubject | MakaSubject | OracleSubject, Field(discriminator="kind")]

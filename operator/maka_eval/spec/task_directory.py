@@ -109,7 +109,9 @@ def load_task(task_id: str, root: Path, where: str) -> tuple[TaskDefinition | No
     verifier_timeout = _timeout(config.get("verifier"), f"{toml_path} [verifier]", problems)
     verifier_env = _env(config.get("verifier"), f"{toml_path} [verifier]", problems)
     solution_env = _env(config.get("solution"), f"{toml_path} [solution]", problems)
-    environment = config.get("environment") if isinstance(config.get("environment"), Mapping) else {}
+    environment = (
+        config.get("environment") if isinstance(config.get("environment"), Mapping) else {}
+    )
     assert isinstance(environment, Mapping)
     image = environment.get("docker_image")
 
@@ -145,7 +147,9 @@ def benchmark_root(experiment: Experiment, base_dir: Path) -> Path:
     return (base_dir / experiment.spec.benchmark.config.path).resolve()
 
 
-def load_tasks(experiment: Experiment, base_dir: Path, prefix: str = "") -> dict[str, TaskDefinition]:
+def load_tasks(
+    experiment: Experiment, base_dir: Path, prefix: str = ""
+) -> dict[str, TaskDefinition]:
     """Read every task of the experiment; raise TaskError naming each problem."""
     root = benchmark_root(experiment, base_dir)
     if not root.is_dir():
@@ -161,7 +165,9 @@ def load_tasks(experiment: Experiment, base_dir: Path, prefix: str = "") -> dict
     tasks: dict[str, TaskDefinition] = {}
     problems: list[Problem] = []
     for index, task in enumerate(experiment.spec.tasks):
-        definition, found = load_task(task.id, root / task.directory_name, f"{prefix}tasks[{index}]")
+        definition, found = load_task(
+            task.id, root / task.directory_name, f"{prefix}tasks[{index}]"
+        )
         problems += found
         if definition is not None:
             tasks[task.id] = definition

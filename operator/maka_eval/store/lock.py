@@ -17,7 +17,7 @@ import socket
 import sys
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 
 from maka_eval.errors import Problem, StoreError
@@ -25,7 +25,7 @@ from maka_eval.errors import Problem, StoreError
 LOCK_NAME = ".writer.lock"
 
 
-class LockState(str, Enum):
+class LockState(StrEnum):
     """What a lock file says about writers."""
 
     FREE = "free"
@@ -135,20 +135,25 @@ class WriterLock:
             if state is LockState.LIVE:
                 raise StoreError(
                     f"{run_dir} is being written by another maka-eval run:",
-                    [Problem(str(self.path), f"held by {info.describe()}; wait for it to "
-                             "finish or stop it (Ctrl-C) before running again")],
+                    [
+                        Problem(
+                            str(self.path),
+                            f"held by {info.describe()}; wait for it to "
+                            "finish or stop it (Ctrl-C) before running again",
+                        )
+                    ],
                 ) from None
             raise StoreError(
                 f"{run_dir} has a stale writer lock:", [stale_lock_problem(run_dir, info)]
             ) from None
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        info = {
+        content = {
             "pid": os.getpid(),
             "host": socket.gethostname(),
             "startedAt": datetime.now(tz=UTC).isoformat(),
             "command": " ".join(sys.argv)[:500],
         }
-        os.write(fd, json.dumps(info).encode())
+        os.write(fd, json.dumps(content).encode())
         os.fsync(fd)
         self._fd = fd
 
@@ -166,8 +171,9 @@ def unlock(run_dir: Path, run_id: str, *, force: bool = False) -> LockInfo:
     """Remove a stale lock after proving no writer and no subject of the run remains.
 
     On the lock's own host the proof is: nobody holds the flock (the writer held it for
-    its whole life, so it is dead) and no process carries the run's MAKA_EVAL_RUN_ID. For a lock from another host that proof
-    cannot be made here; `force` says the user made it there.
+    its whole life, so it is dead) and no process carries the run's MAKA_EVAL_RUN_ID.
+    For a lock from another host that proof cannot be made here; `force` says the user
+    made it there.
     """
     from maka_eval.relay.processes import find_marked  # light; only /proc reading
 
@@ -184,16 +190,27 @@ def unlock(run_dir: Path, run_id: str, *, force: bool = False) -> LockInfo:
     if info.host not in (None, here) and not force:
         raise StoreError(
             f"{path} was left by host {info.host}; this is {here}:",
-            [Problem(str(path), f"on {info.host}, check `ps -p {info.pid}` shows no maka-eval "
-                     "process and no subject of the run remains, then run unlock with --force")],
+            [
+                Problem(
+                    str(path),
+                    f"on {info.host}, check `ps -p {info.pid}` shows no maka-eval "
+                    "process and no subject of the run remains, then run unlock with --force",
+                )
+            ],
         )
     if info.host in (None, here):
         leftovers = find_marked("MAKA_EVAL_RUN_ID", run_id)
         if leftovers:
+            pids = ", ".join(map(str, leftovers[:20]))
             raise StoreError(
-                f"processes of this run are still running (pids {', '.join(map(str, leftovers[:20]))}):",
-                [Problem(str(path), "they belong to subjects of the run whose writer died; "
-                         f"stop them (kill {' '.join(map(str, leftovers[:20]))}) and unlock again")],
+                f"processes of this run are still running (pids {pids}):",
+                [
+                    Problem(
+                        str(path),
+                        "they belong to subjects of the run whose writer died; "
+                        f"stop them (kill {' '.join(map(str, leftovers[:20]))}) and unlock again",
+                    )
+                ],
             )
     path.unlink()
     return info

@@ -11,7 +11,7 @@ from pydantic.alias_generators import to_camel
 from maka_eval.engine.status import AttemptStatus, StatusSource
 from maka_eval.engine.usage import Usage
 
-RECORD_FORMAT = "maka.eval.attempt.v1"
+RECORD_FORMAT: Literal["maka.eval.attempt.v1"] = "maka.eval.attempt.v1"
 RUN_FORMAT = "maka.eval.run.v1"
 
 
@@ -108,7 +108,9 @@ def utc_from_epoch(seconds: float) -> datetime:
     return datetime.fromtimestamp(seconds, tz=UTC)
 
 
-def run_document(run_id: str, experiment: dict[str, Any], tasks: dict[str, str], version: str) -> dict[str, Any]:
+def run_document(
+    run_id: str, experiment: dict[str, Any], tasks: dict[str, str], version: str
+) -> dict[str, Any]:
     """The content of experiment.json: the frozen experiment and its tasks' digests."""
     return {
         "format": RUN_FORMAT,

@@ -153,8 +153,10 @@ def _read_document(run_dir: Path) -> dict[str, Any]:
         ) from None
     except (DocumentError, OSError, UnicodeDecodeError) as exc:
         raise StoreError(f"{path} cannot be read:", [Problem(str(path), str(exc))]) from None
-    if not isinstance(data, dict) or data.get("format") != RUN_FORMAT or not isinstance(
-        data.get("experiment"), dict
+    if (
+        not isinstance(data, dict)
+        or data.get("format") != RUN_FORMAT
+        or not isinstance(data.get("experiment"), dict)
     ):
         raise StoreError(
             f"{path} is not a maka-eval run file:",
@@ -179,12 +181,17 @@ def read_run(run_dir: Path) -> RunContents:
             try:
                 record = AttemptRecord.model_validate_json(entry.read_bytes())
             except (ValidationError, OSError) as exc:
-                problems.append(Problem(str(entry), f"not a valid attempt record: {str(exc)[:200]}"))
+                problems.append(
+                    Problem(str(entry), f"not a valid attempt record: {str(exc)[:200]}")
+                )
                 continue
             if record.cell_id != cell or f"{record.attempt:04d}.json" != entry.name:
                 problems.append(
-                    Problem(str(entry), f"claims to be attempt {record.attempt} of "
-                            f"{record.cell_id}; records are never moved, so it was tampered with")
+                    Problem(
+                        str(entry),
+                        f"claims to be attempt {record.attempt} of "
+                        f"{record.cell_id}; records are never moved, so it was tampered with",
+                    )
                 )
                 continue
             if record.run_id != contents.run_id:
@@ -193,7 +200,11 @@ def read_run(run_dir: Path) -> RunContents:
             contents.records.setdefault(cell, []).append(record)
             numbers_with_records.add(record.attempt)
         for entry in attempts_dir.iterdir():
-            if entry.is_dir() and entry.name.isdigit() and int(entry.name) not in numbers_with_records:
+            if (
+                entry.is_dir()
+                and entry.name.isdigit()
+                and int(entry.name) not in numbers_with_records
+            ):
                 contents.interrupted.setdefault(cell, []).append(int(entry.name))
     if problems:
         raise StoreError(
@@ -226,11 +237,15 @@ class RunWriter:
         """Create the run directory or reopen it for the same experiment."""
         run_dir = Path(run_dir)
         if run_dir.exists() and not run_dir.is_dir():
-            raise StoreError(f"{run_dir} exists and is not a directory:", [
-                Problem(str(run_dir), "choose another --out")])
+            raise StoreError(
+                f"{run_dir} exists and is not a directory:",
+                [Problem(str(run_dir), "choose another --out")],
+            )
         if run_dir.is_dir() and any(run_dir.iterdir()) and not (run_dir / EXPERIMENT_FILE).exists():
-            raise StoreError(f"{run_dir} is not empty and is not a maka-eval run directory:", [
-                Problem(str(run_dir), "choose an empty or new directory for --out")])
+            raise StoreError(
+                f"{run_dir} is not empty and is not a maka-eval run directory:",
+                [Problem(str(run_dir), "choose an empty or new directory for --out")],
+            )
         run_dir.mkdir(parents=True, exist_ok=True)
         lock = WriterLock(run_dir)
         lock.acquire()
@@ -282,8 +297,11 @@ class RunWriter:
     def _reserve(self, cell_dir: Path, attempts: Path) -> AttemptSlot:
         if cell_dir not in self._next:
             attempts.mkdir(parents=True, exist_ok=True)
-            taken = [int(p.name.split(".")[0]) for p in attempts.iterdir()
-                     if p.name.split(".")[0].isdigit()]
+            taken = [
+                int(p.name.split(".")[0])
+                for p in attempts.iterdir()
+                if p.name.split(".")[0].isdigit()
+            ]
             self._next[cell_dir] = max(taken, default=0) + 1
         while True:
             slot = AttemptSlot(cell_dir, self._next[cell_dir])

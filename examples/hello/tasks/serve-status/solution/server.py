@@ -5,7 +5,7 @@ import os
 
 
 class Status(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):  # noqa: N802 - the http.server API
+    def do_GET(self):
         body = b"ok" if self.path == "/status" else b"not found"
         self.send_response(200 if self.path == "/status" else 404)
         self.send_header("Content-Length", str(len(body)))
