@@ -1,0 +1,89 @@
+"""Building small experiments and Harbor-format tasks on disk for tests."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import stat
+from pathlib import Path
+from typing import Any
+
+REWARD_ONE = '#!/bin/sh\necho 1 > "$MAKA_EVAL_VERIFIER_LOGS_DIR/reward.txt"\n'
+REWARD_IF_DONE = (
+    "#!/bin/sh\n"
+    'if [ -f done.txt ]; then r=1; else r=0; fi\n'
+    'echo $r > "$MAKA_EVAL_VERIFIER_LOGS_DIR/reward.txt"\n'
+)
+
+
+def write_script(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+    return path
+
+
+def make_task(
+    root: Path,
+    task_id: str,
+    *,
+    test_sh: str = REWARD_IF_DONE,
+    solve_sh: str | None = "#!/bin/sh\ntouch done.txt\n",
+    files: dict[str, str] | None = None,
+    toml: str | None = None,
+    instruction: str = "Create done.txt.",
+) -> Path:
+    task = root / task_id
+    task.mkdir(parents=True)
+    (task / "instruction.md").write_text(instruction + "\n")
+    write_script(task / "tests" / "test.sh", test_sh)
+    if solve_sh is not None:
+        write_script(task / "solution" / "solve.sh", solve_sh)
+    for name, content in (files or {}).items():
+        target = task / "environment" / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(content)
+    if toml is not None:
+        (task / "task.toml").write_text(toml)
+    return task
+
+
+BASE: dict[str, Any] = {
+    "schemaVersion": "maka.eval.v1",
+    "id": "exp",
+    "benchmark": {"id": "bench", "version": "1", "kind": "directory", "config": {"path": "tasks"}},
+    "executor": {"kind": "local"},
+    "execution": {"maxConcurrentTaskGroups": 2, "maxInfraRetries": 1},
+    "subjects": [
+        {"id": "done", "kind": "external", "config": {"command": "touch", "args": ["done.txt"]}}
+    ],
+    "tasks": [{"id": "t1"}],
+    "repetitions": 1,
+    "verifier": {"kind": "harbor"},
+}
+
+
+def spec(**changes: Any) -> dict[str, Any]:
+    """A valid bare-form document with top-level fields replaced."""
+    doc = copy.deepcopy(BASE)
+    doc.update(copy.deepcopy(changes))
+    return doc
+
+
+def write_experiment(directory: Path, doc: dict[str, Any], name: str = "experiment.json") -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / name
+    path.write_text(json.dumps(doc, indent=2))
+    return path
+
+
+def files_containing(root: Path, needle: bytes) -> list[Path]:
+    """Every file under root whose bytes contain needle."""
+    hits = []
+    for dirpath, _, names in os.walk(root):
+        for name in names:
+            path = Path(dirpath, name)
+            if path.is_file() and needle in path.read_bytes():
+                hits.append(path)
+    return hits
