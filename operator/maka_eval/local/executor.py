@@ -176,6 +176,9 @@ class LocalRun:
             with _stop_on_signals(self.cancel):
                 self._schedule(writer, work, trigger="manual" if manual else "scheduled")
         finally:
+            # Orphans that dropped their attempt's marker could not be attributed to an
+            # attempt; with every attempt over, they are nobody's and must not outlive us.
+            self.supervisor.quiesce_adopted()
             writer.close()
             if self._work is not None and not self.options.keep_workspaces:
                 shutil.rmtree(self._work, ignore_errors=True)

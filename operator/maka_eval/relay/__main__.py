@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"relay: {exc}", file=sys.stderr)
         return EXIT_BAD_PLAN
 
-    supervisor = ProcessSupervisor()
+    supervisor = ProcessSupervisor(exclusive=True)
     cancel = CancelToken()
 
     def on_signal(signum: int, frame: Any) -> None:

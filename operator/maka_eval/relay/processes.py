@@ -118,10 +118,14 @@ class ProcessSupervisor:
     """Starts attempt processes and finds, freezes and kills their whole trees.
 
     One per process (the relay program, or the local executor serving many attempts).
+    `exclusive` says this process serves a single attempt (the relay program, PID 1 of
+    a task container): then every orphan it adopted belongs to that attempt, even one
+    that dropped the marker from its environment.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, exclusive: bool = False) -> None:
         self.pid = os.getpid()
+        self.exclusive = exclusive
         self.subreaper = become_subreaper()
         self._lock = threading.Lock()
         self._managed: set[int] = set()
@@ -195,7 +199,12 @@ class ProcessSupervisor:
         adopters = [self.pid] if self.subreaper else [self.pid, 1]
         for adopter in adopters:
             for pid in children.get(adopter, ()):
-                if pid not in seeds and table[pid].state != "Z" and _carries(pid, marker):
+                if pid in seeds or table[pid].state == "Z":
+                    continue
+                adopted_here = adopter == self.pid and self.subreaper
+                if (self.exclusive and adopted_here and pid not in self._managed) or _carries(
+                    pid, marker
+                ):
                     seeds.add(pid)
         found: set[int] = set()
         stack = list(seeds)
@@ -250,6 +259,21 @@ class ProcessSupervisor:
                     pending.discard(pid)  # release() reaps it
             if pending:
                 time.sleep(0.002)
+
+    def quiesce_adopted(self, timeout: float = 10.0) -> int:
+        """Kill every orphan we adopted that no running attempt owns (end of a run)."""
+        if not (_HAS_PROC and self.subreaper):
+            return 0
+        with self._lock:
+            managed = set(self._managed)
+        table = _snapshot()
+        roots = [
+            pid for pid, info in table.items()
+            if info.ppid == self.pid and pid not in managed and info.state != "Z"
+        ]
+        killed = self.quiesce(roots, attempt_id="\0none") if roots else 0
+        self.reap_orphans()
+        return killed
 
     def reap_orphans(self) -> int:
         """Reap adopted children that exited on their own (zombies nobody else waits for)."""

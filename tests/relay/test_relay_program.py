@@ -1,0 +1,63 @@
+"""The relay program a task container runs: plan in, bounded result kernel out."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tests.relay.conftest import sh
+
+LIGHT = ("pydantic", "typer", "rich", "yaml", "click")
+
+
+def relay(plan_path: Path, result: Path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "maka_eval.relay", "--plan", str(plan_path),
+                             "--result", str(result)], stderr=subprocess.PIPE)
+
+
+def test_runs_one_attempt_and_writes_the_kernel(plan_for, tmp_path):
+    plan = plan_for(sh("touch done.txt"))
+    (tmp_path / "plan.json").write_text(plan.to_json())
+    proc = relay(tmp_path / "plan.json", tmp_path / "termination-log")
+    assert proc.wait(30) == 0
+    text = (tmp_path / "termination-log").read_text()
+    kernel = json.loads(text)
+    assert len(text.encode()) < 4096
+    assert kernel["status"] == "completed" and kernel["score"] == 1.0
+    assert {a["name"] for a in kernel["artifacts"]} >= {"subject.stdout", "verifier/reward.txt"}
+    assert all(len(a["sha256"]) == 64 for a in kernel["artifacts"])
+
+
+def test_sigterm_cancels_and_quiesces(plan_for, tmp_path):
+    plan = plan_for(sh("setsid sleep 1007 & echo $! > pid; touch ready; sleep 1000"), timeout=60)
+    (tmp_path / "plan.json").write_text(plan.to_json())
+    proc = relay(tmp_path / "plan.json", tmp_path / "out.json")
+    ready = Path(plan.root) / "workspace" / "ready"
+    deadline = time.monotonic() + 20
+    while not ready.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    pid = int((Path(plan.root) / "workspace" / "pid").read_text())
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(30) == 1
+    assert json.loads((tmp_path / "out.json").read_text())["status"] == "cancelled"
+    assert not Path(f"/proc/{pid}").exists()
+
+
+def test_a_malformed_plan_is_refused(tmp_path):
+    (tmp_path / "plan.json").write_text('{"attemptId": 1}')
+    proc = relay(tmp_path / "plan.json", tmp_path / "out.json")
+    assert proc.wait(30) == 2
+    assert b"plan is malformed" in proc.stderr.read()
+
+
+def test_the_relay_imports_nothing_heavy():
+    code = (
+        "import sys, maka_eval.relay.__main__, maka_eval.relay.attempt;"
+        f"print([m for m in {LIGHT!r} if m in sys.modules])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
