@@ -12,7 +12,7 @@ from typing import Any
 REWARD_ONE = '#!/bin/sh\necho 1 > "$MAKA_EVAL_VERIFIER_LOGS_DIR/reward.txt"\n'
 REWARD_IF_DONE = (
     "#!/bin/sh\n"
-    'if [ -f done.txt ]; then r=1; else r=0; fi\n'
+    "if [ -f done.txt ]; then r=1; else r=0; fi\n"
     'echo $r > "$MAKA_EVAL_VERIFIER_LOGS_DIR/reward.txt"\n'
 )
 

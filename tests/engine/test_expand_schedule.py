@@ -32,8 +32,12 @@ def test_groups_are_repetition_major_and_hold_every_subject():
 
 
 @given(
-    st.lists(st.from_regex(r"[a-z][a-z0-9]{0,5}", fullmatch=True), min_size=1, max_size=5, unique=True),
-    st.lists(st.from_regex(r"[a-z][a-z0-9]{0,5}", fullmatch=True), min_size=1, max_size=4, unique=True),
+    st.lists(
+        st.from_regex(r"[a-z][a-z0-9]{0,5}", fullmatch=True), min_size=1, max_size=5, unique=True
+    ),
+    st.lists(
+        st.from_regex(r"[a-z][a-z0-9]{0,5}", fullmatch=True), min_size=1, max_size=4, unique=True
+    ),
     st.integers(min_value=1, max_value=5),
 )
 def test_expansion_is_deterministic_and_complete(tasks, subjects, reps):
@@ -73,7 +77,9 @@ def test_exhausted_budget_starts_nothing_and_says_how_much_is_held():
 
 
 def test_budget_counts_cost_and_tokens_of_every_attempt():
-    state = budget_state(0.05, 1000, [(Usage(400, 0, 0, 100), 0.01), (None, None), (Usage(300), 0.02)])
+    state = budget_state(
+        0.05, 1000, [(Usage(400, 0, 0, 100), 0.01), (None, None), (Usage(300), 0.02)]
+    )
     assert state.spent_tokens == 800 and abs(state.spent_cost_usd - 0.03) < 1e-12
     assert not state.exhausted
     assert state.spend(Usage(200), None).exhausted  # 1000 tokens reached

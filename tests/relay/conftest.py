@@ -64,8 +64,13 @@ def plan_for(tmp_path) -> Callable[..., AttemptPlan]:
 
 @pytest.fixture
 def run(supervisor) -> Callable[..., AttemptOutcome]:
-    def go(plan: AttemptPlan, *, host_env: Mapping[str, str] | None = None,
-           cancel: CancelToken | None = None, **kw) -> AttemptOutcome:
+    def go(
+        plan: AttemptPlan,
+        *,
+        host_env: Mapping[str, str] | None = None,
+        cancel: CancelToken | None = None,
+        **kw,
+    ) -> AttemptOutcome:
         env = {"PATH": "/usr/local/bin:/usr/bin:/bin"} if host_env is None else host_env
         return run_attempt(plan, supervisor, cancel or CancelToken(), env, **kw)
 

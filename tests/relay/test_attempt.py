@@ -17,12 +17,21 @@ S = AttemptStatus
 
 def frame_script(frame: object, exit_code: int = 0, then: str = "") -> list[str]:
     text = frame if isinstance(frame, str) else json.dumps(frame)
-    return sh(f"touch done.txt; cat > \"$MAKA_EVAL_RESULT_FILE\" <<'EOF'\n{text}\nEOF\n{then}exit {exit_code}")
+    write = f"cat > \"$MAKA_EVAL_RESULT_FILE\" <<'EOF'\n{text}\nEOF\n"
+    return sh(f"touch done.txt; {write}{then}exit {exit_code}")
 
 
-FRAME = {"protocol": "maka.eval.result.v1", "status": "completed",
-         "usage": {"inputTokens": 120, "cachedInputTokens": 30, "cacheWriteTokens": 0,
-                   "outputTokens": 40}, "costUsd": 0.0031}
+FRAME = {
+    "protocol": "maka.eval.result.v1",
+    "status": "completed",
+    "usage": {
+        "inputTokens": 120,
+        "cachedInputTokens": 30,
+        "cacheWriteTokens": 0,
+        "outputTokens": 40,
+    },
+    "costUsd": 0.0031,
+}
 
 
 def test_exit_code_contract(plan_for, run):
@@ -60,8 +69,11 @@ def test_missing_malformed_and_oversized_frames_are_infra_failures(plan_for, run
     assert garbage.classification.status is S.INFRA_FAILED
     assert "malformed" in garbage.classification.reason
 
-    big = run(plan_for(sh("head -c 70000 /dev/zero | tr '\\0' ' ' > \"$MAKA_EVAL_RESULT_FILE\""),
-                       contract=V1))
+    big = run(
+        plan_for(
+            sh("head -c 70000 /dev/zero | tr '\\0' ' ' > \"$MAKA_EVAL_RESULT_FILE\""), contract=V1
+        )
+    )
     assert big.frame.state is FrameState.OVERSIZED
     assert big.classification.status is S.INFRA_FAILED
     assert all(a.name != "result-frame.json" for a in big.artifacts)
@@ -88,8 +100,11 @@ def test_verifier_failures_are_infra(plan_for, run):
     slow = run(plan_for(sh("true"), test_sh="#!/bin/sh\nsleep 60\n", verifier_timeout=0.5))
     assert slow.classification.status is S.INFRA_FAILED
     assert "timed out" in slow.classification.reason
-    no_shebang = run(plan_for(sh("touch done.txt"),
-                              test_sh='echo 1 > "$MAKA_EVAL_VERIFIER_LOGS_DIR/reward.txt"\n'))
+    no_shebang = run(
+        plan_for(
+            sh("touch done.txt"), test_sh='echo 1 > "$MAKA_EVAL_VERIFIER_LOGS_DIR/reward.txt"\n'
+        )
+    )
     assert no_shebang.classification.score == 1.0
 
 
@@ -101,14 +116,24 @@ def test_a_subject_that_cannot_start_is_an_infra_failure(plan_for, run):
 
 
 def test_environment_is_built_from_nothing(plan_for, run):
-    host = {"PATH": "/usr/bin:/bin", "OPENAI_API_KEY": "sk-declared", "AWS_SECRET": "hunter2",
-            "HOME": "/root"}
-    plan = plan_for(sh("env > env.txt; touch done.txt"), env={"MODE": "bench"},
-                    credentials={"API_KEY": "OPENAI_API_KEY"})
+    host = {
+        "PATH": "/usr/bin:/bin",
+        "OPENAI_API_KEY": "sk-declared",
+        "AWS_SECRET": "hunter2",
+        "HOME": "/root",
+    }
+    plan = plan_for(
+        sh("env > env.txt; touch done.txt"),
+        env={"MODE": "bench"},
+        credentials={"API_KEY": "OPENAI_API_KEY"},
+    )
     outcome = run(plan, host_env=host)
     assert outcome.classification.status is S.COMPLETED
-    env = dict(line.split("=", 1) for line in
-               (Path(plan.root) / "workspace" / "env.txt").read_text().splitlines() if "=" in line)
+    env = dict(
+        line.split("=", 1)
+        for line in (Path(plan.root) / "workspace" / "env.txt").read_text().splitlines()
+        if "=" in line
+    )
     assert env["API_KEY"] == "sk-declared"
     assert "OPENAI_API_KEY" not in env and "AWS_SECRET" not in env
     assert "hunter2" not in json.dumps(env)
@@ -129,15 +154,18 @@ def test_a_missing_credential_is_an_infra_failure_not_a_start(plan_for, run, tmp
 
 
 def test_tests_reach_the_attempt_only_after_the_subject_stopped(plan_for, run):
-    plan = plan_for(sh('if ls "$MAKA_EVAL_WORKSPACE/../tests" 2>/dev/null; then exit 9; fi; touch done.txt'))
+    plan = plan_for(
+        sh('if ls "$MAKA_EVAL_WORKSPACE/../tests" 2>/dev/null; then exit 9; fi; touch done.txt')
+    )
     outcome = run(plan)
     assert outcome.classification.status is S.COMPLETED
     assert (Path(plan.root) / "tests" / "test.sh").exists()
 
 
 def test_environment_files_are_in_the_workspace(plan_for, run):
-    plan = plan_for(sh('[ "$(cat data/input.txt)" = "42" ] && touch done.txt'),
-                    files={"data/input.txt": "42"})
+    plan = plan_for(
+        sh('[ "$(cat data/input.txt)" = "42" ] && touch done.txt'), files={"data/input.txt": "42"}
+    )
     assert run(plan).classification.score == 1.0
 
 
@@ -159,4 +187,6 @@ def test_timings_add_up(plan_for, run):
     t = outcome.timings
     parts = t["prepareSec"] + t["subjectSec"] + t["verifierSec"] + t["cleanupSec"]
     assert abs(parts - t["totalSec"]) < 0.01
-    assert os.path.exists(next(a.path for a in outcome.artifacts if a.name == "verifier/reward.txt"))
+    assert os.path.exists(
+        next(a.path for a in outcome.artifacts if a.name == "verifier/reward.txt")
+    )

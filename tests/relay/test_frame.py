@@ -58,8 +58,12 @@ def test_parse_frame_never_raises(data):
     assert parse_frame(data).state in (FrameState.VALID, FrameState.MALFORMED)
 
 
-@given(st.recursive(st.none() | st.booleans() | st.floats() | st.text(max_size=5),
-                    lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=8), c, max_size=3)))
+@given(
+    st.recursive(
+        st.none() | st.booleans() | st.floats() | st.text(max_size=5),
+        lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=8), c, max_size=3),
+    )
+)
 def test_parse_frame_never_raises_on_any_json(value):
     parse_frame(json.dumps(value).encode())
 

@@ -102,7 +102,8 @@ echo $! > server.pid
 
 VERIFY_SERVER = r"""#!/bin/sh
 port=$(cat port.txt)
-if python3 -c "import urllib.request; assert urllib.request.urlopen('http://127.0.0.1:$port/', timeout=5).read() == b'ok'"; then
+url="http://127.0.0.1:$port/"
+if python3 -c "import urllib.request as u; assert u.urlopen('$url', timeout=5).read()==b'ok'"; then
   echo 1 > "$MAKA_EVAL_VERIFIER_LOGS_DIR/reward.txt"
 else
   echo 0 > "$MAKA_EVAL_VERIFIER_LOGS_DIR/reward.txt"

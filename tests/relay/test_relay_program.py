@@ -15,8 +15,18 @@ LIGHT = ("pydantic", "typer", "rich", "yaml", "click")
 
 
 def relay(plan_path: Path, result: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "maka_eval.relay", "--plan", str(plan_path),
-                             "--result", str(result)], stderr=subprocess.PIPE)
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "maka_eval.relay",
+            "--plan",
+            str(plan_path),
+            "--result",
+            str(result),
+        ],
+        stderr=subprocess.PIPE,
+    )
 
 
 def test_runs_one_attempt_and_writes_the_kernel(plan_for, tmp_path):

@@ -7,11 +7,12 @@ from pathlib import Path
 
 import pytest
 import yaml
+from pydantic import ValidationError
 
 from maka_eval.errors import SpecError
 from maka_eval.spec.experiment import Experiment
-from maka_eval.spec.subjects import ExternalSubject
 from maka_eval.spec.load import experiment_from_data, load_experiment_file, load_experiment_text
+from maka_eval.spec.subjects import ExternalSubject
 from tests.helpers import spec
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "hello"
@@ -79,10 +80,17 @@ def test_kubernetes_form_accepts_server_metadata_and_ignores_status():
 
 
 def test_issue_example_message_names_path_and_fix():
-    doc = spec(subjects=[
-        {"id": "a", "kind": "external", "config": {"command": "true"}},
-        {"id": "b", "kind": "external", "credentials": ["my key"], "config": {"command": "true"}},
-    ])
+    doc = spec(
+        subjects=[
+            {"id": "a", "kind": "external", "config": {"command": "true"}},
+            {
+                "id": "b",
+                "kind": "external",
+                "credentials": ["my key"],
+                "config": {"command": "true"},
+            },
+        ]
+    )
     assert (
         "subjects[1].credentials[0]: 'my key' is not a valid environment variable name: "
         "use letters, digits and '_', not starting with a digit"
@@ -120,15 +128,29 @@ def test_unknown_top_level_field_suggests_the_right_one():
     doc = spec()
     doc["repetition"] = 3
     found = problems(doc)
-    assert any("repetition: unknown field 'repetition'; did you mean 'repetitions'?" in p for p in found)
+    assert any(
+        "repetition: unknown field 'repetition'; did you mean 'repetitions'?" in p for p in found
+    )
 
 
 @pytest.mark.parametrize(
     ("kind", "config", "expected"),
     [
-        ("external", {"command": "x", "profile": "headless-coding-v1"}, "config.profile: unknown field"),
-        ("maka", {"profile": "headless-coding-v1", "command": "x"}, "config.command: unknown field"),
-        ("maka", {"profile": "headless-coding-v9"}, "config.profile: 'headless-coding-v9' is not allowed"),
+        (
+            "external",
+            {"command": "x", "profile": "headless-coding-v1"},
+            "config.profile: unknown field",
+        ),
+        (
+            "maka",
+            {"profile": "headless-coding-v1", "command": "x"},
+            "config.command: unknown field",
+        ),
+        (
+            "maka",
+            {"profile": "headless-coding-v9"},
+            "config.profile: 'headless-coding-v9' is not allowed",
+        ),
         ("oracle", {"command": "x"}, "config.command: unknown field"),
         ("external", {"command": "x", "resultContract": "json"}, "config.resultContract: 'json'"),
         ("external", {"command": ""}, "config.command: must not be empty"),
@@ -146,7 +168,10 @@ def test_subject_config_is_validated_per_kind(kind, config, expected):
 def test_executor_config_is_validated():
     doc = spec(executor={"kind": "local", "config": {"runtimeHost": {"comand": "x"}}})
     found = "\n".join(problems(doc))
-    assert "executor.config.runtimeHost.comand: unknown field 'comand'; did you mean 'command'?" in found
+    assert (
+        "executor.config.runtimeHost.comand: unknown field 'comand'; did you mean 'command'?"
+        in found
+    )
     assert "executor.kind: 'docker' is not allowed; use 'local'" in problems(
         spec(executor={"kind": "docker"})
     )
@@ -154,21 +179,27 @@ def test_executor_config_is_validated():
 
 def test_maka_subject_needs_a_runtime_host():
     doc = spec(subjects=[{"id": "m", "kind": "maka", "config": {"profile": "headless-coding-v1"}}])
-    assert any(p.startswith("executor.config.runtimeHost: required because subjects[0]")
-               for p in problems(doc))
+    assert any(
+        p.startswith("executor.config.runtimeHost: required because subjects[0]")
+        for p in problems(doc)
+    )
 
 
 def test_credential_rules():
-    doc = spec(subjects=[{
-        "id": "s",
-        "kind": "external",
-        "credentials": ["API_KEY", "API_KEY", "OTHER"],
-        "config": {
-            "command": "true",
-            "env": {"OTHER": "literal", "TZ": "Europe/Paris", "MAKA_EVAL_X": "1"},
-            "credentialBindings": {"TARGET": "UNDECLARED"},
-        },
-    }])
+    doc = spec(
+        subjects=[
+            {
+                "id": "s",
+                "kind": "external",
+                "credentials": ["API_KEY", "API_KEY", "OTHER"],
+                "config": {
+                    "command": "true",
+                    "env": {"OTHER": "literal", "TZ": "Europe/Paris", "MAKA_EVAL_X": "1"},
+                    "credentialBindings": {"TARGET": "UNDECLARED"},
+                },
+            }
+        ]
+    )
     found = "\n".join(problems(doc))
     assert "subjects[0].credentials[1]: 'API_KEY' is declared twice" in found
     assert "subjects[0].config.credentialBindings.TARGET: 'UNDECLARED' is not declared" in found
@@ -178,17 +209,23 @@ def test_credential_rules():
 
 
 def test_binding_a_credential_under_another_name_is_fine():
-    doc = spec(subjects=[{
-        "id": "s", "kind": "external", "credentials": ["SOURCE"],
-        "config": {"command": "true", "credentialBindings": {"OPENAI_API_KEY": "SOURCE"}},
-    }])
+    doc = spec(
+        subjects=[
+            {
+                "id": "s",
+                "kind": "external",
+                "credentials": ["SOURCE"],
+                "config": {"command": "true", "credentialBindings": {"OPENAI_API_KEY": "SOURCE"}},
+            }
+        ]
+    )
     experiment, _ = experiment_from_data(doc)
     assert experiment.spec.subjects[0].config.credential_bindings == {"OPENAI_API_KEY": "SOURCE"}
 
 
 def test_numbers_where_strings_belong_get_a_quote_hint():
     doc = spec(benchmark={"id": "b", "version": 1.0, "kind": "directory", "config": {"path": "t"}})
-    assert "benchmark.version: must be a string, got 1.0; quote it: \"1.0\"" in problems(doc)
+    assert 'benchmark.version: must be a string, got 1.0; quote it: "1.0"' in problems(doc)
 
 
 def test_ids_and_duplicates():
@@ -235,6 +272,6 @@ def test_missing_file_and_directory(tmp_path):
 
 def test_models_are_frozen():
     experiment, _ = experiment_from_data(spec())
-    with pytest.raises(Exception):
+    with pytest.raises(ValidationError):
         experiment.spec.repetitions = 5  # type: ignore[misc]
     assert isinstance(experiment, Experiment)

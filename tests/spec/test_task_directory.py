@@ -12,9 +12,11 @@ from tests.helpers import make_task, spec
 
 def test_a_task_directory_is_read(tmp_path):
     make_task(
-        tmp_path, "t1", files={"a.txt": "x"},
+        tmp_path,
+        "t1",
+        files={"a.txt": "x"},
         toml='[agent]\ntimeout_sec = 12.5\n[verifier]\ntimeout_sec = 3\nenv = {K = "v"}\n'
-             '[solution]\nenv = {S = "1"}\n[metadata]\nanything = "ignored"\n',
+        '[solution]\nenv = {S = "1"}\n[metadata]\nanything = "ignored"\n',
     )
     task, problems = load_task("t1", tmp_path / "t1", "tasks[0]")
     assert not problems and task is not None
@@ -42,12 +44,14 @@ def test_problems_are_named_with_the_task_and_file(tmp_path):
 def test_load_tasks_reports_every_task(tmp_path):
     (tmp_path / "tasks").mkdir()
     make_task(tmp_path / "tasks", "ok")
-    experiment, _ = experiment_from_data(spec(tasks=[{"id": "ok"}, {"id": "gone"}, {"id": "x", "path": "y"}]))
+    experiment, _ = experiment_from_data(
+        spec(tasks=[{"id": "ok"}, {"id": "gone"}, {"id": "x", "path": "y"}])
+    )
     with pytest.raises(TaskError) as info:
         load_tasks(experiment, tmp_path)
     text = info.value.render()
     assert "tasks[1]" in text and "tasks[2]" in text and "tasks[0]" not in text
-    with pytest.raises(TaskError, match="benchmark.config.path"):
+    with pytest.raises(TaskError, match=r"benchmark\.config\.path"):
         load_tasks(experiment, tmp_path / "elsewhere")
 
 
