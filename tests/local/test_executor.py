@@ -66,7 +66,7 @@ def test_changed_task_files_are_refused(setup, tmp_path):
     s = setup(spec())
     s.run()
     (tmp_path / "tasks" / "t1" / "instruction.md").write_text("Something else.\n")
-    with pytest.raises(StoreError, match="taskDigests.t1"):
+    with pytest.raises(StoreError, match=r"taskDigests\.t1"):
         s.run()
 
 
@@ -157,7 +157,8 @@ def test_budget_stops_new_groups_and_running_ones_finish(setup, tmp_path):
         (
             "#!/bin/sh\ntouch done.txt\n"
             'printf \'{"protocol":"maka.eval.result.v1","status":"completed",'
-            '"usage":{"inputTokens":900,"outputTokens":100},"costUsd":0.5}\' > "$MAKA_EVAL_RESULT_FILE"\n'
+            '"usage":{"inputTokens":900,"outputTokens":100},"costUsd":0.5}\' '
+            '> "$MAKA_EVAL_RESULT_FILE"\n'
         ),
     )
     subject = {
@@ -284,7 +285,8 @@ def test_oracle_and_maka_subjects(setup, tmp_path):
             '[ "$1" = "--session-profile" ] && [ "$2" = "headless-coding-v1" ] || exit 7\n'
             '[ "$3" = "--model" ] && [ "$4" = "m1" ] || exit 8\n'
             "touch done.txt\n"
-            'printf \'{"protocol":"maka.eval.result.v1","status":"completed"}\' > "$MAKA_EVAL_RESULT_FILE"\n'
+            'printf \'{"protocol":"maka.eval.result.v1","status":"completed"}\' '
+            '> "$MAKA_EVAL_RESULT_FILE"\n'
         ),
     )
     doc = spec(
@@ -309,7 +311,7 @@ def test_oracle_and_maka_subjects(setup, tmp_path):
 
 def test_oracle_needs_solutions(setup):
     s = setup(spec(subjects=[{"id": "oracle", "kind": "oracle"}]), {"t1": {"solve_sh": None}})
-    with pytest.raises(PrerequisiteError, match="solution/solve.sh is missing"):
+    with pytest.raises(PrerequisiteError, match=r"solution/solve\.sh is missing"):
         s.run()
 
 

@@ -77,7 +77,7 @@ def test_experiment_json_is_written_once_and_is_the_identity(tmp_path):
     assert "holds a different experiment" in info.value.summary
     assert "experiment.repetitions: 1 -> 2" in info.value.render()
     tasks_changed = RunIdentity(IDENTITY.experiment, {"t": "sha256:bb"})
-    with pytest.raises(StoreError, match="taskDigests.t"):
+    with pytest.raises(StoreError, match=r"taskDigests\.t"):
         RunWriter.open(run, tasks_changed, "0")
     assert not (run / LOCK_NAME).exists()  # a refused open leaves no lock behind
 
@@ -185,7 +185,7 @@ def test_unlock_refuses_a_live_writer_and_a_foreign_host_without_force(tmp_path)
         unlock(run, run_id)
     writer.close()
     _stale_lock(run, host="elsewhere.example")
-    with pytest.raises(StoreError, match="left by host elsewhere.example"):
+    with pytest.raises(StoreError, match=r"left by host elsewhere\.example"):
         unlock(run, run_id)
     unlock(run, run_id, force=True)
     with pytest.raises(StoreError, match="no writer lock"):
@@ -198,7 +198,8 @@ def test_lock_holder_in_another_process_is_live(tmp_path):
     code = (
         "import sys, time; from pathlib import Path;"
         "from maka_eval.store.lock import WriterLock;"
-        f"w = WriterLock(Path({str(run)!r})); w.acquire(); print('held', flush=True); time.sleep(30)"
+        f"w = WriterLock(Path({str(run)!r})); w.acquire();"
+        "print('held', flush=True); time.sleep(30)"
     )
     holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
