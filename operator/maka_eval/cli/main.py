@@ -178,30 +178,17 @@ def unlock_command(
 
 
 def main() -> None:
-    """Console-script entry point."""
+    """Console-script entry point: user mistakes become messages, never tracebacks."""
     try:
-        code = app(standalone_mode=False)
+        app()  # standalone: typer prints usage errors itself and exits 2
     except MakaEvalError as exc:
         err.print(f"[red]error:[/red] {escape(exc.summary)}", highlight=False)
         for problem in exc.problems:
             err.print(f"  - {problem}", highlight=False, markup=False)
         sys.exit(exc.exit_code)
-    except typer.Exit as exc:
-        sys.exit(exc.exit_code)
-    except typer.Abort:
-        err.print("aborted")
-        sys.exit(130)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # before or after a run; during one, Ctrl-C cancels cleanly
         err.print("interrupted")
         sys.exit(130)
-    except Exception as exc:  # click usage errors
-        import click
-
-        if isinstance(exc, click.ClickException):
-            exc.show()
-            sys.exit(exc.exit_code)
-        raise
-    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":

@@ -268,7 +268,8 @@ class ProcessSupervisor:
             managed = set(self._managed)
         table = _snapshot()
         roots = [
-            pid for pid, info in table.items()
+            pid
+            for pid, info in table.items()
             if info.ppid == self.pid and pid not in managed and info.state != "Z"
         ]
         killed = self.quiesce(roots, attempt_id="\0none") if roots else 0
