@@ -85,7 +85,7 @@ def test_ctrl_c_quiesces_records_cancelled_and_resume_completes(tmp_path):
 
     gate.touch()
     proc = start(experiment, run_dir, env)
-    out, err = proc.communicate(timeout=60)
+    _out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
     summary = summarize(str(run_dir))
     assert len(summary.results) == 3
@@ -163,7 +163,7 @@ def test_killing_the_writer_at_any_moment_leaves_no_corrupt_record(tmp_path):
             assert result.returncode == 0, result.stderr
     assert kills >= 3
     proc = start(experiment, run_dir, env)
-    out, err = proc.communicate(timeout=120)
+    _out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err
     summary = summarize(str(run_dir))
     assert len(summary.results) == len(tasks) * 3 * 2
