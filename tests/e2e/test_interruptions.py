@@ -72,7 +72,7 @@ def test_ctrl_c_quiesces_records_cancelled_and_resume_completes(tmp_path):
     started = {p.name: int(p.read_text()) for p in pids.iterdir()}
     assert len(started) == 2 and all(alive(pid) for pid in started.values())
     os.killpg(proc.pid, signal.SIGINT)
-    out, err = proc.communicate(timeout=30)
+    _out, err = proc.communicate(timeout=30)
     assert proc.returncode == 130, err
     assert "Traceback" not in err and "Re-run the same command to resume" in err
     assert [t for t, pid in started.items() if alive(pid)] == []  # quiesced, escapees too
