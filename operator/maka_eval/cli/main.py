@@ -41,6 +41,11 @@ out = Console(width=None if sys.stdout.isatty() else 160)
 err = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
 
 
+def _wide() -> bool:
+    """Whether the terminal has room for score bars next to the numbers."""
+    return out.width >= 100
+
+
 class OutputFormat(enum.StrEnum):
     table = "table"
     json = "json"
@@ -118,7 +123,7 @@ def run(
     with RunProgress(out) as progress:
         report = LocalRun(loaded, tasks, out_dir, options=options, events=progress).run()
     summary = summarize(str(out_dir))
-    out.print(render.subjects_table(summary.subjects, title=f"Results: {out_dir}"))
+    out.print(render.subjects_table(summary.subjects, title=f"Results: {out_dir}", bar=_wide()))
     if report.held_by_budget:
         out.print(
             f"[yellow]budget reached ({report.budget.describe() if report.budget else ''}): "
@@ -143,7 +148,7 @@ def status(
     run_dir: Annotated[Path, typer.Argument(help="Run directory.")],
 ) -> None:
     """Show a run's cells (selected result per cell), subjects, budget and writer."""
-    out.print(render.status_view(summarize(str(run_dir))))
+    out.print(render.status_view(summarize(str(run_dir)), bar=_wide()))
 
 
 @app.command()
@@ -160,7 +165,7 @@ def results(
     elif fmt is OutputFormat.csv:
         sys.stdout.write(render.results_csv(summary))
     else:
-        out.print(render.results_table(summary))
+        out.print(render.results_table(summary, bar=_wide()))
 
 
 @app.command(name="unlock")

@@ -76,7 +76,7 @@ class RunProgress:
         for subject, p in self._subjects.items():
             mean = statistics.fmean(p.scores) if p.scores else None
             table.add_row(subject, str(p.done), str(p.running), str(p.failed), fmt_score(mean))
-        return Group(self._progress, table, *self._messages)
+        return Group(*self._messages, self._progress, table)
 
     def _refresh(self) -> None:
         if self._live is not None:

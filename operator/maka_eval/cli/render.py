@@ -88,31 +88,35 @@ def expansion_view(loaded: LoadedExperiment, expansion: Expansion) -> Renderable
     return table
 
 
-def subjects_table(subjects: Sequence[SubjectSummary], title: str = "Subjects") -> Table:
+def subjects_table(
+    subjects: Sequence[SubjectSummary], title: str = "Subjects", *, bar: bool = True
+) -> Table:
     """Per-subject summary; 'paired' uses only task groups where every subject has a result."""
-    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD)
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
     table.add_column("subject", style="bold", no_wrap=True)
-    table.add_column("results", justify="right", no_wrap=True)
-    table.add_column("done/failed", justify="right", no_wrap=True)
-    table.add_column("mean ± s.e.", justify="right", no_wrap=True)
-    table.add_column("", no_wrap=True)
-    table.add_column("paired (n)", justify="right", no_wrap=True)
-    table.add_column("tokens", justify="right", no_wrap=True)
-    table.add_column("cost", justify="right", no_wrap=True)
-    table.add_column("time", justify="right", no_wrap=True)
+    for name in ("n", "ok/fail", "mean ± s.e."):
+        table.add_column(name, justify="right", no_wrap=True)
+    if bar:
+        table.add_column("", no_wrap=True)
+    for name in ("paired (n)", "tokens", "cost", "time"):
+        table.add_column(name, justify="right", no_wrap=True)
     for s in subjects:
         spread = f" ± {s.stderr:.3f}" if s.stderr is not None else ""
-        table.add_row(
+        cells: list[RenderableType] = [
             s.subject_id,
             f"{s.results}/{s.cells}",
             f"{s.completed}/{s.subject_failed}",
             f"{fmt_score(s.mean_score)}{spread}",
-            _score_bar(s.mean_score),
+        ]
+        if bar:
+            cells.append(_score_bar(s.mean_score))
+        cells += [
             f"{fmt_score(s.paired_mean_score)} ({s.paired_n})",
             f"{s.tokens:,}" if s.tokens else "-",
             fmt_cost(s.cost_usd) if s.cost_usd else "-",
             f"{s.mean_duration_sec:.2f}s" if s.mean_duration_sec is not None else "-",
-        )
+        ]
+        table.add_row(*cells)
     return table
 
 
@@ -154,7 +158,7 @@ def cells_table(summary: RunSummary) -> Table:
     return table
 
 
-def status_view(summary: RunSummary) -> RenderableType:
+def status_view(summary: RunSummary, *, bar: bool = True) -> RenderableType:
     """What `status` prints."""
     head = Table.grid(padding=(0, 2))
     head.add_column(style="bold")
@@ -194,12 +198,16 @@ def status_view(summary: RunSummary) -> RenderableType:
         )
     if pending and not summary.budget.exhausted and summary.lock is not LockState.LIVE:
         hints.append("re-run the same `maka-eval run` command to resume")
-    parts: list[RenderableType] = [head, subjects_table(summary.subjects), cells_table(summary)]
+    parts: list[RenderableType] = [
+        head,
+        subjects_table(summary.subjects, bar=bar),
+        cells_table(summary),
+    ]
     parts += [Text(h, style="dim") for h in hints]
     return Group(*parts)
 
 
-def results_table(summary: RunSummary) -> RenderableType:
+def results_table(summary: RunSummary, *, bar: bool = True) -> RenderableType:
     """What `results --format table` prints."""
     table = Table(
         title="Results (earliest valid attempt per cell)", title_justify="left", box=box.SIMPLE_HEAD
@@ -220,7 +228,7 @@ def results_table(summary: RunSummary) -> RenderableType:
             f"{row['attempt']}/{row['attempts']}",
         )
     missing = [r.cell_id for r in summary.cells if r.selected is None]
-    parts: list[RenderableType] = [table, subjects_table(summary.subjects)]
+    parts: list[RenderableType] = [table, subjects_table(summary.subjects, bar=bar)]
     if missing:
         parts.append(
             Text(
