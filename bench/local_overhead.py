@@ -174,6 +174,7 @@ class MakaResult:
     cycle_overhead_s: list[float] = field(default_factory=list)
     relay_overhead_s: list[float] = field(default_factory=list)
     phases_s: dict[str, list[float]] = field(default_factory=dict)
+    execution_s: list[float] = field(default_factory=list)
 
     @property
     def cells_per_s(self) -> float:
@@ -231,6 +232,7 @@ def run_maka(root: Path, cells: int, concurrency: int) -> MakaResult:
             result.cycle_overhead_s.append((stamp - before) - _execution_sec(record))
     records = [record for _, record, _ in finished]
     result.relay_overhead_s = [r.timings["totalSec"] - _execution_sec(r) for r in records]
+    result.execution_s = [_execution_sec(r) for r in records]
     for name in ("prepareSec", "subjectSec", "verifierSec", "cleanupSec", "totalSec"):
         result.phases_s[name] = [r.timings[name] for r in records]
     return result
@@ -305,6 +307,15 @@ def summary(
                 ),
             }
         )
+        if c == 1:
+            # Like-for-like at concurrency 1: wall per cell minus the median exec time.
+            rows[-1]["maka_eval"]["amortised_overhead_ms"] = ms(
+                m.wall_s / m.cells - statistics.median(m.execution_s)
+            )
+            if peer:
+                peer["amortised_overhead_ms"] = round(
+                    1e3 / peer["samples_per_s"] - peer["exec_ms_median"], 3
+                )
 
     def verdict(passed: bool | None) -> str:
         return "n/a" if passed is None else ("PASS" if passed else "MISS")
@@ -411,6 +422,18 @@ def print_report(result: dict[str, Any]) -> None:
         "  Above concurrency 1 the per-attempt figures are latency under load, not CPU cost.",
         file=out,
     )
+    for row in result["rows"]:
+        if "amortised_overhead_ms" not in row["maka_eval"]:
+            continue
+        peer = row["inspect_ai"]
+        print(
+            "  Like-for-like at concurrency 1: wall time / cells minus the median exec time\n"
+            "  (subjectSec + verifierSec; Inspect's exec_ms), both tools, so each one's\n"
+            "  once-per-run start-up and hand-over between cells count as overhead:\n"
+            f"    maka-eval {row['maka_eval']['amortised_overhead_ms']:.2f} ms, Inspect "
+            f"{_fmt(peer['amortised_overhead_ms'] if peer else None, ' ms')} (not a target)",
+            file=out,
+        )
 
     print("\nmaka-eval phase medians from the records, ms", file=out)
     names = ("prepareSec", "subjectSec", "verifierSec", "cleanupSec", "totalSec")

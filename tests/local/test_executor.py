@@ -9,8 +9,10 @@ import time
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
 from maka_eval.analysis.summary import summarize
+from maka_eval.cli.render import status_view
 from maka_eval.engine.selection import CellState
 from maka_eval.engine.status import AttemptStatus
 from maka_eval.errors import CellSelectionError, PrerequisiteError, StoreError
@@ -182,6 +184,9 @@ def test_budget_stops_new_groups_and_running_ones_finish(setup, tmp_path):
     assert summary.budget.exhausted and summary.budget.spent_tokens == 2000
     assert summary.count(CellState.PENDING) == 3
     assert s.run().attempts == 0  # still exhausted on resume
+    console = Console(record=True, width=200)
+    console.print(status_view(summarize(str(s.run_dir))))
+    assert "budget reached: 3 cell(s) will not start" in console.export_text()
 
 
 def test_groups_start_together_and_respect_the_concurrency_limit(setup, tmp_path):
