@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from maka_eval.engine.budget import BudgetState, budget_state
 from maka_eval.engine.expand import expand_ids
-from maka_eval.engine.schedule import plan_launches
+from maka_eval.engine.schedule import plan_launches, waiting_groups
 from maka_eval.engine.selection import CellState, cell_state, needs_retry, select_result
 from maka_eval.engine.status import AttemptStatus
 from maka_eval.engine.usage import Usage
@@ -53,26 +53,31 @@ def test_expansion_is_deterministic_and_complete(tasks, subjects, reps):
 NO_LIMIT = BudgetState(None, None)
 
 
+def test_waiting_groups_are_in_order_with_the_arms_that_need_an_attempt():
+    e = expand_ids(("t1", "t2"), ("a", "b", "c"), 2)
+    waiting = waiting_groups(e, {"t2::1::b", "t1::2::a", "t1::2::c"})
+    assert [(w.group.id, [c.id for c in w.cells]) for w in waiting] == [
+        ("t2::1", ["t2::1::b"]),
+        ("t1::2", ["t1::2::a", "t1::2::c"]),
+    ]
+
+
 def test_plan_starts_up_to_the_limit_in_order():
     e = expand_ids(("t1", "t2", "t3"), ("a", "b"), 2)
-    work = {c.id for c in e.cells}
-    plan = plan_launches(e, work, set(), 2, NO_LIMIT)
+    waiting = waiting_groups(e, {c.id for c in e.cells})
+    plan = plan_launches(waiting, 0, 2, NO_LIMIT)
     assert [launch.group.id for launch in plan.launches] == ["t1::1", "t2::1"]
-    plan = plan_launches(e, work, {"t1::1"}, 2, NO_LIMIT)
-    assert [launch.group.id for launch in plan.launches] == ["t2::1"]
-    assert plan_launches(e, work, {"t1::1", "t2::1"}, 2, NO_LIMIT).launches == ()
-
-
-def test_plan_launches_only_the_arms_that_need_an_attempt():
-    e = expand_ids(("t1",), ("a", "b", "c"), 1)
-    plan = plan_launches(e, {"t1::1::b"}, set(), 4, NO_LIMIT)
-    assert [c.id for c in plan.launches[0].cells] == ["t1::1::b"]
+    assert [launch.group.id for launch in plan_launches(waiting[2:], 1, 2, NO_LIMIT).launches] == [
+        "t3::1"
+    ]
+    assert plan_launches(waiting[2:], 2, 2, NO_LIMIT).launches == ()
+    assert plan_launches([], 0, 2, NO_LIMIT).launches == ()
 
 
 def test_exhausted_budget_starts_nothing_and_says_how_much_is_held():
     e = expand_ids(("t1", "t2", "t3"), ("a",), 1)
     spent = BudgetState(1.0, None, spent_cost_usd=1.0)
-    plan = plan_launches(e, {c.id for c in e.cells}, {"t1::1"}, 4, spent)
+    plan = plan_launches(waiting_groups(e, {c.id for c in e.cells})[1:], 1, 4, spent)
     assert plan.launches == () and plan.held_by_budget == 2
 
 

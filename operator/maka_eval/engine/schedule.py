@@ -1,12 +1,14 @@
 """Which task groups start next.
 
-The executor keeps the set of cells that still need an attempt in this run (`work`) and
-the groups running now; this decides, from those alone, what to start.
+The executor keeps the waiting groups in execution order (each with the arms that need
+an attempt) and the count of running ones; this decides, from those alone, what to
+start. Deciding costs O(launches), not O(groups), so large experiments stay cheap.
 """
 
 from __future__ import annotations
 
-from collections.abc import Set
+import itertools
+from collections.abc import Collection, Set
 from dataclasses import dataclass
 
 from maka_eval.engine.budget import BudgetState
@@ -15,7 +17,7 @@ from maka_eval.engine.expand import Cell, Expansion, TaskGroup
 
 @dataclass(frozen=True)
 class Launch:
-    """One task group to start now, with the arms that need an attempt."""
+    """One task group to start, with the arms that need an attempt."""
 
     group: TaskGroup
     cells: tuple[Cell, ...]
@@ -29,12 +31,10 @@ class Plan:
     held_by_budget: int = 0
 
 
-def waiting_groups(expansion: Expansion, work: Set[str], running: Set[str]) -> list[Launch]:
-    """Groups, in order, that have cells in `work` and are not running."""
+def waiting_groups(expansion: Expansion, work: Set[str]) -> list[Launch]:
+    """Groups, in execution order, that have cells in `work`."""
     waiting = []
     for group in expansion.groups:
-        if group.id in running:
-            continue
         cells = tuple(cell for cell in group.cells if cell.id in work)
         if cells:
             waiting.append(Launch(group, cells))
@@ -42,15 +42,13 @@ def waiting_groups(expansion: Expansion, work: Set[str], running: Set[str]) -> l
 
 
 def plan_launches(
-    expansion: Expansion,
-    work: Set[str],
-    running: Set[str],
+    waiting: Collection[Launch],
+    running: int,
     max_concurrent_groups: int,
     budget: BudgetState,
 ) -> Plan:
-    """Start waiting groups up to the concurrency limit, none once the budget is spent."""
-    waiting = waiting_groups(expansion, work, running)
+    """Start the first waiting groups up to the limit; none once the budget is spent."""
     if budget.exhausted:
         return Plan((), len(waiting))
-    free = max(0, max_concurrent_groups - len(running))
-    return Plan(tuple(waiting[:free]))
+    free = max(0, max_concurrent_groups - running)
+    return Plan(tuple(itertools.islice(waiting, free)))

@@ -7,8 +7,10 @@ relay in-process for each attempt, the store for every record.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import difflib
+import itertools
 import os
 import shutil
 import signal
@@ -25,7 +27,7 @@ from maka_eval import __version__
 from maka_eval.artifacts import ArtifactDigest, copy_artifact
 from maka_eval.engine.budget import BudgetState, budget_state
 from maka_eval.engine.expand import Cell, Expansion, expand
-from maka_eval.engine.schedule import Launch, plan_launches
+from maka_eval.engine.schedule import Launch, plan_launches, waiting_groups
 from maka_eval.engine.selection import CellState, cell_state, needs_retry
 from maka_eval.errors import CellSelectionError, Problem
 from maka_eval.local.events import (
@@ -156,6 +158,7 @@ class LocalRun:
         self._writer: RunWriter | None = None
         self._commands: ResolvedCommands | None = None
         self._work: Path | None = None
+        self._attempt_counter = itertools.count(1)
 
     # -- the run --------------------------------------------------------------------
     def run(self) -> RunReport:
@@ -170,6 +173,9 @@ class LocalRun:
         try:
             work = self._work_set(writer, manual)
             self._work = work_root(self.host_env) / writer.run_id
+            # We hold the writer lock: whatever is here is left from a writer that died.
+            shutil.rmtree(self._work, ignore_errors=True)
+            self._work.mkdir(parents=True)
             spending = [r.spending() for rs in writer.contents.records.values() for r in rs]
             budget = self.experiment.spec.budget
             self._budget = budget_state(budget.max_cost_usd, budget.max_tokens, spending)
@@ -235,6 +241,7 @@ class LocalRun:
         )
         workers = max(1, min(limit, groups_to_run) * len(self.expansion.subject_ids))
         running: dict[str, list[Future[None]]] = {}
+        waiting = collections.deque(waiting_groups(self.expansion, work))
         budget_reported = False
         cancel_reported = False
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="arm") as pool:
@@ -242,9 +249,9 @@ class LocalRun:
                 if not self.cancel.is_set():
                     with self._budget_lock:
                         budget = self._budget
-                    plan = plan_launches(self.expansion, work, running.keys(), limit, budget)
+                    plan = plan_launches(waiting, len(running), limit, budget)
                     for launch in plan.launches:
-                        work.difference_update(c.id for c in launch.cells)
+                        waiting.popleft()
                         running[launch.group.id] = self._start_group(pool, launch, trigger)
                     self._report.held_by_budget = plan.held_by_budget
                     if plan.held_by_budget and not budget_reported:
@@ -295,8 +302,7 @@ class LocalRun:
         writer, work, commands = self._writer, self._work, self._commands
         assert writer is not None and work is not None and commands is not None
         slot = writer.reserve(cell.task_id, cell.repetition, cell.subject_id)
-        attempt_root = work / cell.task_id / str(cell.repetition) / cell.subject_id / slot.name
-        shutil.rmtree(attempt_root, ignore_errors=True)
+        attempt_root = work / f"a{next(self._attempt_counter)}"
         plan = attempt_plan(
             experiment=self.experiment,
             cell=cell,

@@ -77,12 +77,14 @@ class AttemptLayout:
     @property
     def output(self) -> Path:
         """Where the relay writes captured output (never inside the workspace)."""
-        return self.root / "output"
+        return self.root
 
-    def create(self) -> None:
+    def create(self, *, frame: bool) -> None:
         self.root.mkdir(parents=True, exist_ok=False)
-        for path in (self.workspace, self.home, self.tmp, self.frame_dir, self.output):
+        for path in (self.workspace, self.home, self.tmp):
             path.mkdir()
+        if frame:
+            self.frame_dir.mkdir()
 
 
 def _copy_tree(src: str, dst: Path) -> None:
@@ -132,7 +134,7 @@ class _Attempt:
 
     def prepare(self) -> None:
         plan, layout = self.plan, self.layout
-        layout.create()
+        layout.create(frame=plan.subject.contract is ResultContract.PROTOCOL_V1)
         if plan.environment_dir:
             _copy_tree(plan.environment_dir, layout.workspace)
         shutil.copyfile(plan.instruction_file, layout.instruction)
@@ -258,8 +260,7 @@ class _Attempt:
 
     def cleanup(self) -> None:
         """The attempt is over: nothing of it may outlive it."""
-        self.supervisor.quiesce([], self.plan.attempt_id)
-        self.supervisor.reap_orphans()
+        self.supervisor.end_attempt(self.plan.attempt_id)
 
     def artifacts(self) -> tuple[ArtifactFile, ...]:
         layout = self.layout
@@ -276,8 +277,9 @@ class _Attempt:
         for name, path in candidates:
             with contextlib.suppress(OSError):
                 info = path.lstat()
+                # Empty output is not stored: an artifact always has content.
                 if stat.S_ISREG(info.st_mode) and (
-                    name != "result-frame.json" or info.st_size <= 64 * 1024
+                    0 < info.st_size <= (64 * 1024 if name == "result-frame.json" else info.st_size)
                 ):
                     found.append(ArtifactFile(name, str(path)))
         return tuple(found)

@@ -88,30 +88,41 @@ class _ProcInfo:
     state: str
 
 
+def _read(path: str, limit: int = 4096) -> bytes | None:
+    """Read a small /proc file without the cost of a buffered file object."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        return os.read(fd, limit)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def _parse_stat(raw: bytes) -> _ProcInfo | None:
+    # The command name is in parentheses and may itself contain ') '.
+    fields = raw[raw.rfind(b")") + 2 :].split(maxsplit=2)
+    return _ProcInfo(int(fields[1]), fields[0].decode()) if len(fields) >= 2 else None
+
+
 def _snapshot() -> dict[int, _ProcInfo]:
     """Every visible process: pid -> (parent, state)."""
     table: dict[int, _ProcInfo] = {}
     for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as handle:
-                raw = handle.read()
-        except OSError:
-            continue
-        # The command name is in parentheses and may itself contain ') '.
-        fields = raw[raw.rfind(b")") + 2 :].split()
-        if len(fields) >= 2:
-            table[int(name)] = _ProcInfo(int(fields[1]), fields[0].decode())
+        if name.isdigit():
+            raw = _read(f"/proc/{name}/stat")
+            info = _parse_stat(raw) if raw else None
+            if info is not None:
+                table[int(name)] = info
     return table
 
 
 def _carries(pid: int, marker: bytes) -> bool:
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as handle:
-            return marker in handle.read().split(b"\0")
-    except OSError:
-        return False
+    raw = _read(f"/proc/{pid}/environ", 1 << 20)
+    return raw is not None and marker in raw.split(b"\0")
 
 
 class ProcessSupervisor:
@@ -184,12 +195,18 @@ class ProcessSupervisor:
         return code
 
     # -- membership -----------------------------------------------------------------
-    def members(self, roots: Iterable[int], attempt_id: str) -> set[int]:
+    def members(
+        self,
+        roots: Iterable[int],
+        attempt_id: str,
+        table: Mapping[int, _ProcInfo] | None = None,
+    ) -> set[int]:
         """Live processes of the attempt: roots, marked adoptees, and all descendants."""
         if not _HAS_PROC:
             return {pid for pid in roots if _alive(pid)}
         marker = f"{MARKER_VARIABLE}={attempt_id}".encode()
-        table = _snapshot()
+        if table is None:
+            table = _snapshot()
         children: defaultdict[int, list[int]] = defaultdict(list)
         for pid, info in table.items():
             children[info.ppid].append(pid)
@@ -216,7 +233,13 @@ class ProcessSupervisor:
             stack.extend(children.get(pid, ()))
         return {pid for pid in found if table[pid].state != "Z"}
 
-    def quiesce(self, roots: Iterable[int], attempt_id: str, timeout: float = 10.0) -> int:
+    def quiesce(
+        self,
+        roots: Iterable[int],
+        attempt_id: str,
+        timeout: float = 10.0,
+        table: Mapping[int, _ProcInfo] | None = None,
+    ) -> int:
         """Freeze then kill every process of the attempt; return how many were killed."""
         roots = list(roots)
         if not _HAS_PROC:
@@ -227,7 +250,8 @@ class ProcessSupervisor:
         frozen: set[int] = set()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            new = self.members(roots, attempt_id) - frozen
+            new = self.members(roots, attempt_id, table) - frozen
+            table = None  # a given snapshot serves the first round only
             if not new:
                 break
             for pid in new:
@@ -260,6 +284,20 @@ class ProcessSupervisor:
             if pending:
                 time.sleep(0.002)
 
+    def end_attempt(self, attempt_id: str) -> int:
+        """The attempt is over: kill what is left of it and reap adopted zombies.
+
+        One /proc scan serves both (the common case finds nothing to kill).
+        """
+        if not _HAS_PROC:
+            return 0
+        table = _snapshot()
+        killed = 0
+        if self.members([], attempt_id, table):
+            killed = self.quiesce([], attempt_id, table=table)
+        self._reap_zombies(table)
+        return killed
+
     def quiesce_adopted(self, timeout: float = 10.0) -> int:
         """Kill every orphan we adopted that no running attempt owns (end of a run)."""
         if not (_HAS_PROC and self.subreaper):
@@ -272,7 +310,7 @@ class ProcessSupervisor:
             for pid, info in table.items()
             if info.ppid == self.pid and pid not in managed and info.state != "Z"
         ]
-        killed = self.quiesce(roots, attempt_id="\0none") if roots else 0
+        killed = self.quiesce(roots, attempt_id="\0none", timeout=timeout) if roots else 0
         self.reap_orphans()
         return killed
 
@@ -280,24 +318,28 @@ class ProcessSupervisor:
         """Reap adopted children that exited on their own (zombies nobody else waits for)."""
         if not (_HAS_PROC and self.subreaper):
             return 0
+        return self._reap_zombies(_snapshot())
+
+    def _reap_zombies(self, table: Mapping[int, _ProcInfo]) -> int:
+        # A zombie's pid is not reused until it is reaped, so a zombie seen in the
+        # snapshot that no Popen of ours owns can be reaped safely later, under the lock.
+        zombies = [p for p, i in table.items() if i.ppid == self.pid and i.state == "Z"]
+        if not (zombies and self.subreaper):
+            return 0
         reaped = 0
         with self._lock:
-            for pid, info in _snapshot().items():
-                if info.ppid == self.pid and info.state == "Z" and pid not in self._managed:
-                    with contextlib.suppress(ChildProcessError):
-                        if os.waitpid(pid, os.WNOHANG)[0]:
-                            reaped += 1
+            for pid in zombies:
+                if pid in self._managed:
+                    continue
+                with contextlib.suppress(ChildProcessError):
+                    if os.waitpid(pid, os.WNOHANG)[0]:
+                        reaped += 1
         return reaped
 
 
 def _stat(pid: int) -> _ProcInfo | None:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            raw = handle.read()
-    except OSError:
-        return None
-    fields = raw[raw.rfind(b")") + 2 :].split()
-    return _ProcInfo(int(fields[1]), fields[0].decode()) if len(fields) >= 2 else None
+    raw = _read(f"/proc/{pid}/stat")
+    return _parse_stat(raw) if raw else None
 
 
 def _alive(pid: int) -> bool:
