@@ -19,6 +19,7 @@ import os
 import stat
 from typing import Any
 
+from maka_eval import strict_json
 from maka_eval.engine.classify import Frame, FrameState
 from maka_eval.engine.status import SubjectStatus
 from maka_eval.engine.usage import Usage, UsageError
@@ -26,15 +27,6 @@ from maka_eval.engine.usage import Usage, UsageError
 PROTOCOL = "maka.eval.result.v1"
 MAX_FRAME_BYTES = 64 * 1024
 _FIELDS = {"protocol", "status", "usage", "costUsd"}
-
-
-def _reject_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    result: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in result:
-            raise ValueError(f"duplicate key '{key}'")
-        result[key] = value
-    return result
 
 
 def _malformed(why: str) -> Frame:
@@ -46,7 +38,7 @@ def parse_frame(data: bytes) -> Frame:
     if len(data) > MAX_FRAME_BYTES:
         return Frame(FrameState.OVERSIZED, error=f"more than {MAX_FRAME_BYTES} bytes")
     try:
-        obj = json.loads(data.decode("utf-8"), object_pairs_hook=_reject_duplicates)
+        obj = strict_json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         return _malformed(f"not JSON: {str(exc)[:120]}")
     if not isinstance(obj, dict):

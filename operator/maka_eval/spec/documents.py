@@ -13,6 +13,7 @@ from typing import Any
 
 import yaml
 
+from maka_eval import strict_json
 from maka_eval.errors import Problem
 
 
@@ -91,19 +92,10 @@ def parse_yaml(text: str, source: str) -> Any:
     return documents[0]
 
 
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    result: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in result:
-            raise ValueError(f"duplicate key '{key}' (a mapping may name a key only once)")
-        result[key] = value
-    return result
-
-
 def parse_json(text: str, source: str) -> Any:
     """Parse one JSON document, refusing duplicate keys."""
     try:
-        return json.loads(text, object_pairs_hook=_no_duplicates)
+        return strict_json.loads(text)
     except json.JSONDecodeError as exc:
         raise DocumentError(
             Problem(f"{source}:{exc.lineno}:{exc.colno}", f"not valid JSON: {exc.msg}")

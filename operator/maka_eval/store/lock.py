@@ -79,17 +79,6 @@ def _flock_held(path: Path) -> bool:
         os.close(fd)
 
 
-def pid_alive(pid: int) -> bool:
-    """Whether a process with this pid exists on this host."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def inspect_lock(run_dir: Path) -> tuple[LockState, LockInfo | None]:
     """The lock's state and content."""
     path = run_dir / LOCK_NAME
