@@ -145,3 +145,11 @@ def test_cell_options(hello):
 def test_unlock_without_a_lock(hello):
     result = cli("unlock", str(hello / "run"))
     assert result.returncode == 2 and "no writer lock" in result.stderr
+
+
+def test_an_unusable_output_directory_is_a_message(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    result = cli("run", str(EXAMPLE / "experiment.yaml"), "--out", str(blocker / "run"))
+    assert result.returncode == 2
+    assert "error:" in result.stderr

@@ -191,6 +191,10 @@ def main() -> None:
         for problem in exc.problems:
             err.print(f"  - {problem}", highlight=False, markup=False)
         sys.exit(exc.exit_code)
+    except OSError as exc:  # the machine refused something: a path, a permission, disk space
+        where = f": {exc.filename}" if exc.filename else ""
+        err.print(f"[red]error:[/red] {escape(exc.strerror or str(exc))}{escape(where)}")
+        sys.exit(2)
     except KeyboardInterrupt:  # before or after a run; during one, Ctrl-C cancels cleanly
         err.print("interrupted")
         sys.exit(130)
