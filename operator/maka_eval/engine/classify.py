@@ -124,8 +124,23 @@ def _frame_problem(frame: Frame) -> str:
     return f"the result frame is malformed ({frame.error})"
 
 
-def _from_exit_code(exit_code: int | None) -> AttemptStatus:
-    return AttemptStatus.COMPLETED if exit_code == 0 else AttemptStatus.SUBJECT_FAILED
+def _by_exit_code(
+    exit_code: int | None, score: float, usage: Usage | None, cost: float | None
+) -> Classification:
+    """Exit 0 means completed; the code is recorded because it decided the status."""
+    if exit_code == 0:
+        return Classification(
+            AttemptStatus.COMPLETED, score, usage, cost, StatusSource.EXIT_CODE, None, 0
+        )
+    return Classification(
+        AttemptStatus.SUBJECT_FAILED,
+        score,
+        usage,
+        cost,
+        StatusSource.EXIT_CODE,
+        f"the subject exited with code {exit_code}",
+        exit_code,
+    )
 
 
 def classify(
@@ -179,15 +194,7 @@ def classify(
         )
 
     if contract is ResultContract.EXIT_CODE:
-        status = _from_exit_code(execution.exit_code)
-        reason = (
-            None
-            if status is AttemptStatus.COMPLETED
-            else (f"the subject exited with code {execution.exit_code}")
-        )
-        return Classification(
-            status, score, usage, cost, StatusSource.EXIT_CODE, reason, execution.exit_code
-        )
+        return _by_exit_code(execution.exit_code, score, usage, cost)
 
     if frame.valid:
         if frame.status is not None:
@@ -198,15 +205,7 @@ def classify(
                 else ("the subject reported subject_failed")
             )
             return Classification(status, score, usage, cost, StatusSource.FRAME, reason)
-        status = _from_exit_code(execution.exit_code)
-        reason = (
-            None
-            if status is AttemptStatus.COMPLETED
-            else (f"the subject exited with code {execution.exit_code}")
-        )
-        return Classification(
-            status, score, usage, cost, StatusSource.EXIT_CODE, reason, execution.exit_code
-        )
+        return _by_exit_code(execution.exit_code, score, usage, cost)
 
     # The execution returned but the frame is unusable: the evidence decides.
     problem = _frame_problem(frame)
