@@ -64,6 +64,13 @@ BASE: dict[str, Any] = {
 }
 
 
+# The issue's example mistake: a credential name with a space, in the second subject.
+BAD_CREDENTIAL_SUBJECTS: list[dict[str, Any]] = [
+    {"id": "a", "kind": "external", "config": {"command": "true"}},
+    {"id": "b", "kind": "external", "credentials": ["my key"], "config": {"command": "true"}},
+]
+
+
 def spec(**changes: Any) -> dict[str, Any]:
     """A valid bare-form document with top-level fields replaced."""
     doc = copy.deepcopy(BASE)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import spec, write_experiment
+from tests.helpers import BAD_CREDENTIAL_SUBJECTS, spec, write_experiment
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "hello"
 
@@ -50,15 +50,7 @@ def test_validate_prints_the_expansion():
 
 def test_validate_reports_every_problem_with_its_path(tmp_path):
     doc = spec(
-        subjects=[
-            {"id": "a", "kind": "external", "config": {"command": "true"}},
-            {
-                "id": "b",
-                "kind": "external",
-                "credentials": ["my key"],
-                "config": {"command": "true"},
-            },
-        ],
+        subjects=BAD_CREDENTIAL_SUBJECTS,
         repetitions=0,
     )
     path = write_experiment(tmp_path, doc)

@@ -13,7 +13,7 @@ from maka_eval.errors import SpecError
 from maka_eval.spec.experiment import Experiment
 from maka_eval.spec.load import experiment_from_data, load_experiment_file, load_experiment_text
 from maka_eval.spec.subjects import ExternalSubject
-from tests.helpers import spec
+from tests.helpers import BAD_CREDENTIAL_SUBJECTS, spec
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "hello"
 
@@ -80,17 +80,7 @@ def test_kubernetes_form_accepts_server_metadata_and_ignores_status():
 
 
 def test_issue_example_message_names_path_and_fix():
-    doc = spec(
-        subjects=[
-            {"id": "a", "kind": "external", "config": {"command": "true"}},
-            {
-                "id": "b",
-                "kind": "external",
-                "credentials": ["my key"],
-                "config": {"command": "true"},
-            },
-        ]
-    )
+    doc = spec(subjects=BAD_CREDENTIAL_SUBJECTS)
     assert (
         "subjects[1].credentials[0]: 'my key' is not a valid environment variable name: "
         "use letters, digits and '_', not starting with a digit"

@@ -7,7 +7,7 @@ has a typo in an unrelated field.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from maka_eval.errors import Problem
@@ -20,36 +20,36 @@ def _items(doc: Mapping[str, Any], key: str) -> list[tuple[int, Mapping[str, Any
     return [(i, item) for i, item in enumerate(value) if isinstance(item, Mapping)]
 
 
-def _unique_ids(doc: Mapping[str, Any], key: str, prefix: str) -> Iterator[Problem]:
+def _repeats(
+    doc: Mapping[str, Any], key: str, value_of: Callable[[Mapping[str, Any]], Any]
+) -> Iterator[tuple[int, str, int]]:
+    """(index, value, index of its first use) for every item repeating an earlier value."""
     first: dict[str, int] = {}
     for i, item in _items(doc, key):
-        value = item.get("id")
+        value = value_of(item)
         if not isinstance(value, str):
             continue
         if value in first:
-            yield Problem(
-                f"{prefix}{key}[{i}].id",
-                f"duplicate id '{value}' (already used by {prefix}{key}[{first[value]}]); "
-                "ids must be unique",
-            )
+            yield i, value, first[value]
         else:
             first[value] = i
 
 
+def _unique_ids(doc: Mapping[str, Any], key: str, prefix: str) -> Iterator[Problem]:
+    for i, value, j in _repeats(doc, key, lambda item: item.get("id")):
+        yield Problem(
+            f"{prefix}{key}[{i}].id",
+            f"duplicate id '{value}' (already used by {prefix}{key}[{j}]); ids must be unique",
+        )
+
+
 def _unique_task_dirs(doc: Mapping[str, Any], prefix: str) -> Iterator[Problem]:
-    first: dict[str, int] = {}
-    for i, item in _items(doc, "tasks"):
-        path = item.get("path", item.get("id"))
-        if not isinstance(path, str):
-            continue
-        if path in first:
-            yield Problem(
-                f"{prefix}tasks[{i}]",
-                f"uses the same task directory '{path}' as {prefix}tasks[{first[path]}]; "
-                "each task must be a different directory (use repetitions for more samples)",
-            )
-        else:
-            first[path] = i
+    for i, path, j in _repeats(doc, "tasks", lambda item: item.get("path", item.get("id"))):
+        yield Problem(
+            f"{prefix}tasks[{i}]",
+            f"uses the same task directory '{path}' as {prefix}tasks[{j}]; "
+            "each task must be a different directory (use repetitions for more samples)",
+        )
 
 
 def _subject_environment(subject: Mapping[str, Any], where: str) -> Iterator[Problem]:
