@@ -68,12 +68,12 @@ from pathlib import Path
 from typing import Any
 
 from maka_eval import __version__ as MAKA_EVAL_VERSION
+from maka_eval.contract.record import AttemptRecord
 from maka_eval.engine.status import AttemptStatus
 from maka_eval.local.events import AttemptFinished, Event
 from maka_eval.local.executor import LocalRun
 from maka_eval.spec.load import LoadedExperiment, load_experiment_text
 from maka_eval.spec.task_directory import TaskDefinition, load_tasks
-from maka_eval.store.records import AttemptRecord
 from maka_eval.store.run_store import read_run
 
 BENCH_DIR = Path(__file__).resolve().parent
@@ -198,7 +198,8 @@ def check_durable(run_dir: Path, cells: int) -> None:
         bad = [r for r in records if r.status is not AttemptStatus.COMPLETED]
         if bad:
             problems.append(
-                f"{cell_id}: attempt {bad[0].attempt} is {bad[0].status.value} ({bad[0].reason})"
+                f"{cell_id}: attempt {bad[0].attempt} is {bad[0].status.value} "
+                f"({bad[0].result.reason})"
             )
     if contents.interrupted:
         problems.append(f"{len(contents.interrupted)} cells have interrupted attempts")
@@ -297,9 +298,7 @@ def summary(
                     "cells_per_s": round(m.cells_per_s, 2),
                     "cycle_overhead_ms": _dist_ms(m.cycle_overhead_s),
                     "in_relay_overhead_ms": _dist_ms(m.relay_overhead_s),
-                    "phase_median_ms": {
-                        k: ms(statistics.median(v)) for k, v in m.phases_s.items()
-                    },
+                    "phase_median_ms": {k: ms(statistics.median(v)) for k, v in m.phases_s.items()},
                 },
                 "inspect_ai": peer,
                 "throughput_ratio": (
@@ -328,15 +327,11 @@ def summary(
         if a_maka is not None and a_maka.cycle_overhead_s
         else None
     )
-    a_pass = (
-        a_value < a_peer["overhead_ms_median"] if a_value is not None and a_peer else None
-    )
+    a_pass = a_value < a_peer["overhead_ms_median"] if a_value is not None and a_peer else None
     # (b) cells/s at concurrency 16 at least 1.5x Inspect's samples/s.
     b_maka = maka.get(TARGET_CONCURRENCY)
     b_peer = inspect.get(TARGET_CONCURRENCY)
-    b_ratio = (
-        round(b_maka.cells_per_s / b_peer["samples_per_s"], 3) if b_maka and b_peer else None
-    )
+    b_ratio = round(b_maka.cells_per_s / b_peer["samples_per_s"], 3) if b_maka and b_peer else None
     b_pass = b_ratio >= TARGET_THROUGHPUT_RATIO if b_ratio is not None else None
     return {
         "cells": cells,
@@ -377,8 +372,7 @@ def print_report(result: dict[str, Any]) -> None:
         file=out,
     )
     header = (
-        f"{'concurrency':>11}  {'maka-eval cells/s':>17}  {'Inspect samples/s':>17}  "
-        f"{'ratio':>6}"
+        f"{'concurrency':>11}  {'maka-eval cells/s':>17}  {'Inspect samples/s':>17}  {'ratio':>6}"
     )
     print("Throughput (cells or samples / wall time of the run call)", file=out)
     print(header, file=out)

@@ -18,7 +18,7 @@ from maka_eval.engine.status import AttemptStatus
 from maka_eval.errors import CellSelectionError, PrerequisiteError, StoreError
 from maka_eval.local.events import BudgetReached, RunStarted
 from maka_eval.relay.processes import CancelToken
-from maka_eval.store.run_store import read_run
+from maka_eval.store.run_store import artifact_path, read_run
 from tests.helpers import REWARD_ONE, files_containing, spec, write_script
 
 S = AttemptStatus
@@ -256,7 +256,9 @@ def test_secrets_never_reach_records_or_artifacts(setup):
     contents = read_run(s.run_dir)
     record = contents.attempts("t1::1::leaky")[0]
     stdout = next(a for a in record.result.artifacts if a.name == "subject.stdout")
-    assert (s.run_dir / stdout.path).read_text() == "token=[redacted:MY_TOKEN]\n"
+    assert (
+        artifact_path(s.run_dir, record, stdout.name).read_text() == "token=[redacted:MY_TOKEN]\n"
+    )
     assert record.status is S.COMPLETED
 
 
@@ -370,7 +372,7 @@ def test_records_carry_the_kernel_and_artifact_digests(setup):
     for ref in record.result.artifacts:
         import hashlib
 
-        data = (s.run_dir / ref.path).read_bytes()
+        data = artifact_path(s.run_dir, record, ref.name).read_bytes()
         assert len(data) == ref.bytes and hashlib.sha256(data).hexdigest() == ref.sha256
     doc = json.loads((s.run_dir / "experiment.json").read_text())
     assert doc["experiment"]["id"] == "exp"

@@ -11,10 +11,11 @@ from datetime import UTC, datetime
 
 import pytest
 
-from maka_eval.engine.status import AttemptStatus, StatusSource
+from maka_eval.contract.kernel import ResultKernel
+from maka_eval.contract.record import AttemptRecord
+from maka_eval.engine.status import AttemptStatus, StatusSource, Trigger
 from maka_eval.errors import StoreError
 from maka_eval.store.lock import LOCK_NAME, LockState, inspect_lock, unlock
-from maka_eval.store.records import AttemptRecord, ResultKernel
 from maka_eval.store.run_store import RunIdentity, RunWriter, read_run, write_exclusive
 
 IDENTITY = RunIdentity(
@@ -34,15 +35,20 @@ def record(
         repetition=1,
         subject_id="s",
         attempt=slot.number,
-        trigger="scheduled",
+        attempt_id=f"{writer.run_id}/{cell}/{slot.number}",
+        trigger=Trigger.SCHEDULED,
         started_at=now,
         subject_started_at=now,
         finished_at=now,
         result=ResultKernel(
-            status=status, score=1.0, usage=None, cost_usd=None, duration_sec=0.1, artifacts=()
+            status=status,
+            score=1.0 if status.is_result else None,
+            usage=None,
+            cost_usd=None,
+            duration_sec=0.1,
+            artifacts=(),
+            status_source=StatusSource.VERIFIER,
         ),
-        status_source=StatusSource.EXIT_CODE,
-        reason=None,
         timings={},
         host="h",
         maka_eval_version="0",

@@ -16,13 +16,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from maka_eval.contract.record import AttemptRecord
 from maka_eval.engine.budget import BudgetState, budget_state
 from maka_eval.engine.expand import Expansion, expand
 from maka_eval.engine.selection import CellState, cell_state, select_result
 from maka_eval.spec.experiment import Experiment
 from maka_eval.spec.load import experiment_from_data
 from maka_eval.store.lock import LockInfo, LockState, inspect_lock
-from maka_eval.store.records import AttemptRecord
 from maka_eval.store.run_store import RunContents, read_run
 
 

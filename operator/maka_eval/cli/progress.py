@@ -138,8 +138,8 @@ class RunProgress:
                     f" score={fmt_score(record.result.score)}"
                     f" {record.result.duration_sec:.2f}s{retry}"
                 )
-                if record.reason and not record.status.is_result:
-                    line.append(f"  {record.reason}", style="dim")
+                if record.result.reason and not record.status.is_result:
+                    line.append(f"  {record.result.reason}", style="dim")
                 self.console.print(line)
         elif isinstance(event, BudgetReached):
             self._say(

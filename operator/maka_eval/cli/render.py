@@ -140,8 +140,8 @@ def cells_table(summary: RunSummary) -> Table:
         kernel = record.result if record else None
         status = kernel.status.value if kernel else "-"
         note = ""
-        if row.selected is None and record is not None and record.reason:
-            note = record.reason
+        if row.selected is None and record is not None and record.result.reason:
+            note = record.result.reason
         if row.interrupted:
             note = (note + "; " if note else "") + f"{row.interrupted} interrupted"
         table.add_row(

@@ -20,6 +20,16 @@ def cell_id(task_id: str, repetition: int, subject_id: str) -> str:
     return f"{task_id}::{repetition}::{subject_id}"
 
 
+def parse_cell_id(value: str) -> tuple[str, int, str] | None:
+    """Split a cell id into (task, repetition, subject), or None if it is malformed."""
+    parts = value.split("::")
+    if len(parts) != 3 or not parts[1].isdigit() or not parts[0] or not parts[2]:
+        return None
+    if int(parts[1]) < 1 or cell_id(parts[0], int(parts[1]), parts[2]) != value:
+        return None
+    return parts[0], int(parts[1]), parts[2]
+
+
 def group_id(task_id: str, repetition: int) -> str:
     """`<taskId>::<repetition>`: all subject arms of one task repetition."""
     return f"{task_id}::{repetition}"

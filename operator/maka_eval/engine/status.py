@@ -45,3 +45,16 @@ class StatusSource(StrEnum):
     VERIFIER = "verifier"
     INFRASTRUCTURE = "infrastructure"
     CANCELLATION = "cancellation"
+    HOST = "host"
+    """The machine ran out of something the run needs (a full disk): the run stops."""
+
+
+class Trigger(StrEnum):
+    """Why an attempt was started (recorded with it)."""
+
+    SCHEDULED = "scheduled"
+    """The schedule gave the cell an attempt: its first, or again after a cancellation."""
+    RETRY = "retry"
+    """An automatic replacement after an infrastructure failure."""
+    MANUAL = "manual"
+    """Asked for by the user (`--cell`, or the rerun annotation on a cluster)."""

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from maka_eval.contract.record import AttemptRecord
 from maka_eval.engine.budget import BudgetState
-from maka_eval.store.records import AttemptRecord
 
 
 @dataclass(frozen=True)

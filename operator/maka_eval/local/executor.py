@@ -25,10 +25,13 @@ from typing import Any
 
 from maka_eval import __version__
 from maka_eval.artifacts import ArtifactDigest, copy_artifact
+from maka_eval.contract.kernel import ArtifactEntry, ResultKernel
+from maka_eval.contract.record import AttemptRecord, utc_from_epoch
 from maka_eval.engine.budget import BudgetState, budget_state
 from maka_eval.engine.expand import Cell, Expansion, expand
 from maka_eval.engine.schedule import Launch, plan_launches, waiting_groups
 from maka_eval.engine.selection import CellState, cell_state, needs_retry
+from maka_eval.engine.status import Trigger
 from maka_eval.errors import CellSelectionError, Problem
 from maka_eval.local.events import (
     AttemptFinished,
@@ -46,14 +49,6 @@ from maka_eval.relay.outcome import AttemptOutcome
 from maka_eval.relay.processes import CancelToken, ProcessSupervisor
 from maka_eval.spec.load import LoadedExperiment
 from maka_eval.spec.task_directory import TaskDefinition
-from maka_eval.store.records import (
-    ArtifactRef,
-    AttemptRecord,
-    ResultKernel,
-    Trigger,
-    UsageRecord,
-    utc_from_epoch,
-)
 from maka_eval.store.run_store import AttemptSlot, RunIdentity, RunWriter
 
 
@@ -180,7 +175,9 @@ class LocalRun:
             budget = self.experiment.spec.budget
             self._budget = budget_state(budget.max_cost_usd, budget.max_tokens, spending)
             with _stop_on_signals(self.cancel):
-                self._schedule(writer, work, trigger="manual" if manual else "scheduled")
+                self._schedule(
+                    writer, work, trigger=Trigger.MANUAL if manual else Trigger.SCHEDULED
+                )
         finally:
             # Orphans that dropped their attempt's marker could not be attributed to an
             # attempt; with every attempt over, they are nobody's and must not outlive us.
@@ -286,12 +283,14 @@ class LocalRun:
                 gate = None
                 statuses.append(record.status)
                 again = (
-                    trigger != "manual" and not self.cancel.is_set() and needs_retry(statuses, cap)
+                    trigger is not Trigger.MANUAL
+                    and not self.cancel.is_set()
+                    and needs_retry(statuses, cap)
                 )
                 self.events(AttemptFinished(record, again))
                 if not again:
                     return
-                trigger = "retry"
+                trigger = Trigger.RETRY
         except BaseException:
             if barrier is not None:
                 barrier.abort()
@@ -332,7 +331,7 @@ class LocalRun:
             self._report.records.append(record)
         return record
 
-    def _store_artifacts(self, slot: AttemptSlot, outcome: AttemptOutcome) -> list[ArtifactRef]:
+    def _store_artifacts(self, slot: AttemptSlot, outcome: AttemptOutcome) -> list[ArtifactEntry]:
         refs = []
         for artifact in outcome.artifacts:
             target = slot.artifacts_dir / artifact.name
@@ -340,14 +339,7 @@ class LocalRun:
             digest: ArtifactDigest = copy_artifact(
                 Path(artifact.path), target, outcome.credential_values
             )
-            refs.append(
-                ArtifactRef(
-                    name=artifact.name,
-                    bytes=digest.bytes,
-                    sha256=digest.sha256,
-                    path=str(target.relative_to(self.run_dir)),
-                )
-            )
+            refs.append(ArtifactEntry(artifact.name, digest.bytes, digest.sha256))
         return refs
 
     def _record(
@@ -356,7 +348,7 @@ class LocalRun:
         slot: AttemptSlot,
         trigger: Trigger,
         outcome: AttemptOutcome,
-        artifacts: list[ArtifactRef],
+        artifacts: list[ArtifactEntry],
     ) -> AttemptRecord:
         assert self._writer is not None
         c = outcome.classification
@@ -368,6 +360,7 @@ class LocalRun:
             repetition=cell.repetition,
             subject_id=cell.subject_id,
             attempt=slot.number,
+            attempt_id=f"{self._writer.run_id}/{cell.id}/{slot.number}",
             trigger=trigger,
             started_at=utc_from_epoch(outcome.started_at),
             subject_started_at=(
@@ -377,14 +370,14 @@ class LocalRun:
             result=ResultKernel(
                 status=c.status,
                 score=c.score,
-                usage=UsageRecord.of(c.usage) if c.usage else None,
+                usage=c.usage,
                 cost_usd=c.cost_usd,
                 duration_sec=outcome.duration_sec,
                 artifacts=tuple(artifacts),
+                status_source=c.source,
+                reason=c.reason,
+                exit_code=c.exit_code,
             ),
-            status_source=c.source,
-            reason=c.reason,
-            exit_code=c.exit_code,
             timings={k: round(v, 6) for k, v in outcome.timings.items()},
             host=self._host,
             maka_eval_version=__version__,

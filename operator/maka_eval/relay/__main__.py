@@ -18,7 +18,7 @@ from typing import Any
 from maka_eval.artifacts import digest_file
 from maka_eval.engine.status import AttemptStatus
 from maka_eval.relay.attempt import run_attempt
-from maka_eval.relay.outcome import kernel, kernel_json
+from maka_eval.relay.outcome import kernel
 from maka_eval.relay.plan import AttemptPlan, PlanError
 from maka_eval.relay.processes import CancelToken, ProcessSupervisor
 
@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
 
     outcome = run_attempt(plan, supervisor, cancel)
     digests = [(a.name, digest_file(Path(a.path))) for a in outcome.artifacts]
-    body = kernel_json(kernel(outcome, digests))
+    body = kernel(outcome, digests).to_json()
     if args.result is None:
         sys.stdout.write(body + "\n")
     else:

@@ -7,16 +7,12 @@ message, so it is bounded well under 4 KiB.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from maka_eval.artifacts import ArtifactDigest
+from maka_eval.contract.kernel import REASON_LIMIT, ArtifactEntry, ResultKernel
 from maka_eval.engine.classify import Classification, Execution, Frame, Verification
-
-KERNEL_LIMIT_BYTES = 3 * 1024
-REASON_LIMIT = 400
 
 
 @dataclass(frozen=True)
@@ -50,29 +46,17 @@ class AttemptOutcome:
         return self.timings.get("subjectSec", 0.0)
 
 
-def kernel(
-    outcome: AttemptOutcome, digests: Sequence[tuple[str, ArtifactDigest]]
-) -> dict[str, Any]:
-    """The result kernel (plus the reason and status source), bounded for a pod."""
+def kernel(outcome: AttemptOutcome, digests: Sequence[tuple[str, ArtifactDigest]]) -> ResultKernel:
+    """The result kernel of an attempt, fitted to the relay's share of the bound."""
     c = outcome.classification
-    body: dict[str, Any] = {
-        "status": c.status.value,
-        "score": c.score,
-        "usage": c.usage.to_json() if c.usage else None,
-        "costUsd": c.cost_usd,
-        "durationSec": round(outcome.duration_sec, 6),
-        "artifacts": [{"name": n, "bytes": d.bytes, "sha256": d.sha256} for n, d in digests],
-        "statusSource": c.source.value,
-        "reason": (c.reason or "")[:REASON_LIMIT] or None,
-    }
-    if c.exit_code is not None:
-        body["exitCode"] = c.exit_code
-    while len(json.dumps(body)) > KERNEL_LIMIT_BYTES and body["artifacts"]:
-        body["artifacts"].pop()
-        body["artifactsTruncated"] = True
-    return body
-
-
-def kernel_json(body: Mapping[str, Any]) -> str:
-    """Compact JSON for the termination message."""
-    return json.dumps(body, separators=(",", ":"), sort_keys=True)
+    return ResultKernel(
+        status=c.status,
+        score=c.score,
+        usage=c.usage,
+        cost_usd=c.cost_usd,
+        duration_sec=round(outcome.duration_sec, 6),
+        artifacts=tuple(ArtifactEntry(n, d.bytes, d.sha256) for n, d in digests),
+        status_source=c.source,
+        reason=(c.reason or "")[:REASON_LIMIT] or None,
+        exit_code=c.exit_code,
+    ).fitted()

@@ -25,12 +25,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
-
+from maka_eval.contract.fields import ContractError
+from maka_eval.contract.record import AttemptRecord
+from maka_eval.engine.expand import cell_id
 from maka_eval.errors import Problem, StoreError
 from maka_eval.spec.documents import DocumentError, parse_json
 from maka_eval.store.lock import WriterLock
-from maka_eval.store.records import RUN_FORMAT, AttemptRecord, run_document
+from maka_eval.store.records import RUN_FORMAT, run_document
 
 EXPERIMENT_FILE = "experiment.json"
 CELLS_DIR = "cells"
@@ -40,6 +41,14 @@ _TMP_PREFIX = ".tmp-"
 def cell_path(task_id: str, repetition: int, subject_id: str) -> Path:
     """A cell's directory relative to the run directory."""
     return Path(CELLS_DIR, task_id, str(repetition), subject_id)
+
+
+def artifact_path(run_dir: Path, record: AttemptRecord, name: str) -> Path:
+    """Where an artifact of a stored attempt is."""
+    slot = AttemptSlot(
+        run_dir / cell_path(record.task_id, record.repetition, record.subject_id), record.attempt
+    )
+    return slot.artifacts_dir / name
 
 
 def _fsync_dir(path: Path) -> None:
@@ -78,10 +87,20 @@ def write_exclusive(path: Path, data: bytes) -> None:
 
 @dataclass(frozen=True)
 class RunIdentity:
-    """What makes two runs the same experiment: the canonical spec and the task digests."""
+    """What makes two runs the same experiment: the canonical spec, the task digests and
+    the digests of the programs the subjects run (an edited agent script is a new run)."""
 
     experiment: Mapping[str, Any]
     task_digests: Mapping[str, str]
+    program_digests: Mapping[str, str] = field(default_factory=dict)
+
+    def document(self) -> dict[str, Any]:
+        """The identity as it is frozen in experiment.json."""
+        return {
+            "experiment": dict(self.experiment),
+            "taskDigests": dict(self.task_digests),
+            "programDigests": dict(self.program_digests),
+        }
 
 
 def _differences(old: Any, new: Any, path: str = "") -> Iterator[str]:
@@ -173,14 +192,14 @@ def read_run(run_dir: Path) -> RunContents:
     cells_root = run_dir / CELLS_DIR
     for attempts_dir in sorted(cells_root.glob("*/*/*/attempts")):
         rel = attempts_dir.parent.relative_to(cells_root).parts
-        cell = f"{rel[0]}::{rel[1]}::{rel[2]}"
+        cell = cell_id(rel[0], int(rel[1]) if rel[1].isdigit() else 0, rel[2])
         numbers_with_records = set()
         for entry in sorted(attempts_dir.iterdir()):
             if entry.name.startswith(_TMP_PREFIX) or not entry.name.endswith(".json"):
                 continue
             try:
-                record = AttemptRecord.model_validate_json(entry.read_bytes())
-            except (ValidationError, OSError) as exc:
+                record = AttemptRecord.from_json(entry.read_bytes())
+            except (ContractError, OSError) as exc:
                 problems.append(
                     Problem(str(entry), f"not a valid attempt record: {str(exc)[:200]}")
                 )
@@ -252,12 +271,7 @@ class RunWriter:
         try:
             path = run_dir / EXPERIMENT_FILE
             if not path.exists():
-                document = run_document(
-                    "run-" + random.token_hex(8),
-                    dict(identity.experiment),
-                    dict(identity.task_digests),
-                    version,
-                )
+                document = run_document("run-" + random.token_hex(8), identity.document(), version)
                 write_exclusive(path, (json.dumps(document, indent=2) + "\n").encode())
             contents = read_run(run_dir)
             cls._check_identity(run_dir, contents.document, identity)
@@ -270,8 +284,8 @@ class RunWriter:
 
     @staticmethod
     def _check_identity(run_dir: Path, document: Mapping[str, Any], identity: RunIdentity) -> None:
-        old = {"experiment": document["experiment"], "taskDigests": document.get("taskDigests")}
-        new = {"experiment": identity.experiment, "taskDigests": identity.task_digests}
+        new = identity.document()
+        old = {key: document.get(key) for key in new}
         if json.dumps(old, sort_keys=True) == json.dumps(new, sort_keys=True):
             return
         changes = list(_differences(old, new))

@@ -1,0 +1,94 @@
+"""Strict readers for JSON objects: each failure names the field's path."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+
+class ContractError(ValueError):
+    """A kernel or record is malformed; the message names the field."""
+
+
+class Fields:
+    """Reads the fields of one JSON object, refusing unknown ones."""
+
+    def __init__(self, obj: Any, where: str, known: frozenset[str]) -> None:
+        if not isinstance(obj, Mapping):
+            raise ContractError(f"{where}: must be an object")
+        unknown = sorted(str(k) for k in obj if k not in known)
+        if unknown:
+            raise ContractError(f"{where}: unknown field(s) {', '.join(unknown)[:200]}")
+        self.obj = obj
+        self.where = where
+
+    def path(self, key: str) -> str:
+        return f"{self.where}.{key}" if self.where else key
+
+    def has(self, key: str) -> bool:
+        return self.obj.get(key) is not None
+
+    def raw(self, key: str) -> Any:
+        return self.obj.get(key)
+
+    def required(self, key: str) -> Any:
+        if key not in self.obj:
+            raise ContractError(f"{self.path(key)}: is required")
+        return self.obj[key]
+
+    def string(self, key: str, *, optional: bool = False, limit: int = 4096) -> str | None:
+        value = self.obj.get(key) if optional else self.required(key)
+        if value is None and optional:
+            return None
+        if not isinstance(value, str):
+            raise ContractError(f"{self.path(key)}: must be a string")
+        if len(value) > limit:
+            raise ContractError(f"{self.path(key)}: longer than {limit} characters")
+        return value
+
+    def integer(self, key: str, *, optional: bool = False, minimum: int = 0) -> int | None:
+        value = self.obj.get(key) if optional else self.required(key)
+        if value is None and optional:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ContractError(f"{self.path(key)}: must be a whole number")
+        if value < minimum:
+            raise ContractError(f"{self.path(key)}: must be at least {minimum}")
+        return value
+
+    def number(
+        self, key: str, *, optional: bool = False, minimum: float | None = None
+    ) -> float | None:
+        value = self.obj.get(key) if optional else self.required(key)
+        if value is None and optional:
+            return None
+        return finite(value, self.path(key), minimum)
+
+    def boolean(self, key: str, default: bool = False) -> bool:
+        value = self.obj.get(key, default)
+        if not isinstance(value, bool):
+            raise ContractError(f"{self.path(key)}: must be true or false")
+        return value
+
+    def timestamp(self, key: str, *, optional: bool = False) -> datetime | None:
+        text = self.string(key, optional=optional, limit=64)
+        if text is None:
+            return None
+        try:
+            value = datetime.fromisoformat(text)
+        except ValueError:
+            raise ContractError(f"{self.path(key)}: not an ISO 8601 timestamp") from None
+        if value.tzinfo is None:
+            raise ContractError(f"{self.path(key)}: must carry a time zone")
+        return value
+
+
+def finite(value: Any, where: str, minimum: float | None = None) -> float:
+    """A finite number (not a boolean), at least `minimum`."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ContractError(f"{where}: must be a finite number")
+    if minimum is not None and value < minimum:
+        raise ContractError(f"{where}: must be at least {minimum:g}")
+    return float(value)

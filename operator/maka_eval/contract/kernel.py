@@ -1,0 +1,244 @@
+"""The result kernel: score, usage, cost, duration, status and artifacts of one attempt.
+
+It is what a result is; nothing else is part of it (logs and output are artifacts,
+named here with their size and digest). Next to the kernel travel the evidence that
+decided the status (its source, a short reason, the exit code when it decided) and the
+verifier's metrics. In a pod the relay writes it as the container's termination
+message, so its JSON is hard-bounded by MAX_KERNEL_BYTES; the relay fits what it
+writes into RELAY_BUDGET_BYTES, leaving room for metered usage.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from maka_eval import strict_json
+from maka_eval.contract.fields import ContractError, Fields, finite
+from maka_eval.engine.status import AttemptStatus, StatusSource
+from maka_eval.engine.usage import Usage, UsageError
+
+KERNEL_FORMAT = "maka.eval.kernel.v1"
+MAX_KERNEL_BYTES = 4096
+"""Kubernetes keeps at most 4096 bytes of a termination message."""
+RELAY_BUDGET_BYTES = 3072
+"""What the relay fills; the rest is reserved for metered usage (the egress proxy)."""
+REASON_LIMIT = 400
+MAX_METRICS = 32
+METRIC_NAME_LIMIT = 64
+ARTIFACT_NAME_LIMIT = 200
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+_KERNEL_KEYS = frozenset(
+    {
+        "format",
+        "status",
+        "score",
+        "metrics",
+        "usage",
+        "costUsd",
+        "durationSec",
+        "artifacts",
+        "artifactsOmitted",
+        "statusSource",
+        "reason",
+        "exitCode",
+    }
+)
+_ARTIFACT_KEYS = frozenset({"name", "bytes", "sha256", "truncated"})
+
+
+@dataclass(frozen=True)
+class ArtifactEntry:
+    """One stored artifact: its name (a relative path), size and sha256."""
+
+    name: str
+    bytes: int
+    sha256: str
+    truncated: bool = False
+    """The output was longer than the attempt's output limit and was cut."""
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": self.name, "bytes": self.bytes, "sha256": self.sha256}
+        if self.truncated:
+            out["truncated"] = True
+        return out
+
+    @classmethod
+    def from_dict(cls, obj: Any, where: str) -> ArtifactEntry:
+        f = Fields(obj, where, _ARTIFACT_KEYS)
+        name = f.string("name", limit=ARTIFACT_NAME_LIMIT)
+        assert name is not None
+        parts = name.split("/")
+        if not name or name.startswith("/") or any(p in ("", ".", "..") for p in parts):
+            raise ContractError(f"{f.path('name')}: must be a relative path without '..'")
+        sha = f.string("sha256", limit=64)
+        assert sha is not None
+        if not _SHA256.fullmatch(sha):
+            raise ContractError(f"{f.path('sha256')}: must be 64 lowercase hex digits")
+        size = f.integer("bytes")
+        assert size is not None
+        return cls(name, size, sha, f.boolean("truncated"))
+
+
+@dataclass(frozen=True)
+class ResultKernel:
+    """What one attempt produced (see the module docstring)."""
+
+    status: AttemptStatus
+    score: float | None
+    usage: Usage | None
+    cost_usd: float | None
+    duration_sec: float
+    artifacts: tuple[ArtifactEntry, ...]
+    status_source: StatusSource
+    reason: str | None = None
+    exit_code: int | None = None
+    """Present only when the exit code decided the status, so that a frame status and an
+    exit code can never disagree in a record."""
+    metrics: Mapping[str, float] = field(default_factory=dict)
+    """Every value the verifier reported (reward.json), the score among them."""
+    artifacts_omitted: int = 0
+    """Artifacts left out of the kernel to keep it within its bound."""
+
+    def __post_init__(self) -> None:
+        check(self)
+
+    # -- the wire form ------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "format": KERNEL_FORMAT,
+            "status": self.status.value,
+            "score": self.score,
+            "usage": self.usage.to_json() if self.usage is not None else None,
+            "costUsd": self.cost_usd,
+            "durationSec": self.duration_sec,
+            "artifacts": [a.to_dict() for a in self.artifacts],
+            "statusSource": self.status_source.value,
+            "reason": self.reason,
+        }
+        if self.metrics:
+            out["metrics"] = dict(self.metrics)
+        if self.exit_code is not None:
+            out["exitCode"] = self.exit_code
+        if self.artifacts_omitted:
+            out["artifactsOmitted"] = self.artifacts_omitted
+        return out
+
+    def to_json(self) -> str:
+        """Compact JSON; ContractError if it exceeds MAX_KERNEL_BYTES."""
+        text = json.dumps(self.to_dict(), separators=(",", ":"), sort_keys=True)
+        if len(text.encode()) > MAX_KERNEL_BYTES:
+            raise ContractError(f"the result kernel is larger than {MAX_KERNEL_BYTES} bytes")
+        return text
+
+    @classmethod
+    def from_json(cls, data: str | bytes) -> ResultKernel:
+        """Parse the wire form strictly (size bound, known fields, consistent status)."""
+        raw = data.encode() if isinstance(data, str) else data
+        if len(raw) > MAX_KERNEL_BYTES:
+            raise ContractError(f"the result kernel is larger than {MAX_KERNEL_BYTES} bytes")
+        try:
+            obj = strict_json.loads(raw)
+        except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+            raise ContractError(f"the result kernel is not JSON: {str(exc)[:200]}") from None
+        return cls.from_dict(obj)
+
+    @classmethod
+    def from_dict(cls, obj: Any, where: str = "") -> ResultKernel:
+        """Validate an already-decoded kernel (the in-process path skips only the bytes)."""
+        f = Fields(obj, where, _KERNEL_KEYS)
+        if f.raw("format") != KERNEL_FORMAT:
+            raise ContractError(f"{f.path('format')}: must be '{KERNEL_FORMAT}'")
+        try:
+            status = AttemptStatus(f.required("status"))
+            source = StatusSource(f.required("statusSource"))
+        except (ValueError, TypeError) as exc:
+            raise ContractError(f"{where or 'kernel'}: {exc}") from None
+        usage = None
+        if f.has("usage"):
+            try:
+                usage = Usage.from_json(f.raw("usage"))
+            except UsageError as exc:
+                raise ContractError(f"{f.path('usage')}: {exc}") from None
+        artifacts_raw = f.required("artifacts")
+        if not isinstance(artifacts_raw, list):
+            raise ContractError(f"{f.path('artifacts')}: must be a list")
+        artifacts = tuple(
+            ArtifactEntry.from_dict(a, f"{f.path('artifacts')}[{i}]")
+            for i, a in enumerate(artifacts_raw)
+        )
+        metrics_raw = f.raw("metrics") or {}
+        if not isinstance(metrics_raw, Mapping):
+            raise ContractError(f"{f.path('metrics')}: must be an object of numbers")
+        metrics = {str(k): finite(v, f"{f.path('metrics')}.{k}") for k, v in metrics_raw.items()}
+        try:
+            return cls(
+                status=status,
+                score=f.number("score", optional=True),
+                usage=usage,
+                cost_usd=f.number("costUsd", optional=True, minimum=0),
+                duration_sec=f.number("durationSec", minimum=0) or 0.0,
+                artifacts=artifacts,
+                status_source=source,
+                reason=f.string("reason", optional=True, limit=REASON_LIMIT),
+                exit_code=f.integer("exitCode", optional=True, minimum=-(2**31)),
+                metrics=metrics,
+                artifacts_omitted=f.integer("artifactsOmitted", optional=True) or 0,
+            )
+        except ContractError as exc:
+            raise ContractError(f"{where + ': ' if where else ''}{exc}") from None
+
+    def fitted(self, budget: int = RELAY_BUDGET_BYTES) -> ResultKernel:
+        """This kernel made to fit `budget` bytes: artifacts are dropped from the end
+        (counted in artifacts_omitted), then metrics."""
+        kernel = self
+        while len(json.dumps(kernel.to_dict(), separators=(",", ":"))) > budget:
+            if kernel.artifacts:
+                kernel = replace(
+                    kernel,
+                    artifacts=kernel.artifacts[:-1],
+                    artifacts_omitted=kernel.artifacts_omitted + 1,
+                )
+            elif kernel.metrics:
+                kept = dict(list(kernel.metrics.items())[: len(kernel.metrics) // 2])
+                kernel = replace(kernel, metrics=kept)
+            else:
+                break
+        return kernel
+
+
+def check(kernel: ResultKernel) -> None:
+    """The kernel's own consistency rules; ContractError names the first one broken."""
+    status = kernel.status
+    if status.is_result:
+        if kernel.score is None:
+            raise ContractError(f"score: a {status.value} attempt must have a score")
+    elif kernel.score is not None:
+        raise ContractError(f"score: a {status.value} attempt has no score")
+    if kernel.score is not None:
+        finite(kernel.score, "score")
+    if kernel.cost_usd is not None:
+        finite(kernel.cost_usd, "costUsd", 0)
+    finite(kernel.duration_sec, "durationSec", 0)
+    if (kernel.exit_code is not None) != (kernel.status_source is StatusSource.EXIT_CODE):
+        raise ContractError(
+            "exitCode: present exactly when the exit code decided the status "
+            f"(statusSource is {kernel.status_source.value})"
+        )
+    if kernel.reason is not None and len(kernel.reason) > REASON_LIMIT:
+        raise ContractError(f"reason: longer than {REASON_LIMIT} characters")
+    if len(kernel.metrics) > MAX_METRICS:
+        raise ContractError(f"metrics: more than {MAX_METRICS} values")
+    for name, value in kernel.metrics.items():
+        if not name or len(name) > METRIC_NAME_LIMIT:
+            raise ContractError(f"metrics: names are 1 to {METRIC_NAME_LIMIT} characters")
+        finite(value, f"metrics.{name}")
+    names = [a.name for a in kernel.artifacts]
+    if len(set(names)) != len(names):
+        raise ContractError("artifacts: names must be unique")
+    if kernel.artifacts_omitted < 0:
+        raise ContractError("artifactsOmitted: must be at least 0")

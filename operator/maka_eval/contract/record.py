@@ -1,0 +1,191 @@
+"""The attempt record: the result kernel plus the attempt's identity.
+
+One file per attempt in the file store, written once; on a cluster the same identity
+is the Attempt's spec and the kernel its status. Parsed strictly: unknown fields,
+a cell id that does not match its parts, or an inconsistent kernel are refused.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from maka_eval import strict_json
+from maka_eval.contract.fields import ContractError, Fields, finite
+from maka_eval.contract.kernel import ResultKernel
+from maka_eval.engine.expand import cell_id as make_cell_id
+from maka_eval.engine.status import AttemptStatus, Trigger
+from maka_eval.engine.usage import Usage
+
+RECORD_FORMAT = "maka.eval.attempt.v2"
+MAX_RECORD_BYTES = 64 * 1024
+
+_KEYS = frozenset(
+    {
+        "format",
+        "runId",
+        "experimentId",
+        "cellId",
+        "taskId",
+        "repetition",
+        "subjectId",
+        "attempt",
+        "attemptId",
+        "trigger",
+        "request",
+        "startedAt",
+        "subjectStartedAt",
+        "finishedAt",
+        "result",
+        "timings",
+        "host",
+        "makaEvalVersion",
+    }
+)
+
+
+@dataclass(frozen=True)
+class AttemptRecord:
+    """One attempt of one cell: who, when, why it ran, and its result kernel."""
+
+    run_id: str
+    experiment_id: str
+    cell_id: str
+    task_id: str
+    repetition: int
+    subject_id: str
+    attempt: int
+    """Numbered per cell from 1."""
+    attempt_id: str
+    """Unique across runs: every process of the attempt carries it."""
+    trigger: Trigger
+    started_at: datetime
+    subject_started_at: datetime | None
+    finished_at: datetime
+    result: ResultKernel
+    timings: Mapping[str, float] = field(default_factory=dict)
+    host: str = ""
+    maka_eval_version: str = ""
+    request: str | None = None
+    """The manual request (`--cell` invocation or rerun token) this attempt answers."""
+
+    def __post_init__(self) -> None:
+        if self.cell_id != make_cell_id(self.task_id, self.repetition, self.subject_id):
+            raise ContractError(
+                f"cellId: '{self.cell_id}' does not match taskId, repetition and subjectId"
+            )
+        if self.attempt < 1 or self.repetition < 1:
+            raise ContractError("attempt and repetition count from 1")
+
+    # -- what selection, the reconciler and summaries need --------------------------
+    @property
+    def number(self) -> int:
+        return self.attempt
+
+    @property
+    def status(self) -> AttemptStatus:
+        return self.result.status
+
+    def spending(self) -> tuple[Usage | None, float | None]:
+        """(usage, cost) this attempt spent, for the shared budget."""
+        return self.result.usage, self.result.cost_usd
+
+    # -- the wire form ------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": RECORD_FORMAT,
+            "runId": self.run_id,
+            "experimentId": self.experiment_id,
+            "cellId": self.cell_id,
+            "taskId": self.task_id,
+            "repetition": self.repetition,
+            "subjectId": self.subject_id,
+            "attempt": self.attempt,
+            "attemptId": self.attempt_id,
+            "trigger": self.trigger.value,
+            "request": self.request,
+            "startedAt": self.started_at.isoformat(),
+            "subjectStartedAt": (
+                self.subject_started_at.isoformat() if self.subject_started_at else None
+            ),
+            "finishedAt": self.finished_at.isoformat(),
+            "result": self.result.to_dict(),
+            "timings": dict(self.timings),
+            "host": self.host,
+            "makaEvalVersion": self.maka_eval_version,
+        }
+
+    def to_json_bytes(self) -> bytes:
+        return (json.dumps(self.to_dict(), indent=2) + "\n").encode()
+
+    @classmethod
+    def from_json(cls, data: str | bytes) -> AttemptRecord:
+        """Parse a stored record; ContractError names what is wrong."""
+        raw = data.encode() if isinstance(data, str) else data
+        if len(raw) > MAX_RECORD_BYTES:
+            raise ContractError(f"larger than {MAX_RECORD_BYTES} bytes")
+        try:
+            obj = strict_json.loads(raw)
+        except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+            raise ContractError(f"not JSON: {str(exc)[:200]}") from None
+        return cls.from_dict(obj)
+
+    @classmethod
+    def from_dict(cls, obj: Any) -> AttemptRecord:
+        f = Fields(obj, "", _KEYS)
+        if f.raw("format") != RECORD_FORMAT:
+            found = f.raw("format")
+            raise ContractError(
+                f"format: expected '{RECORD_FORMAT}', found {json.dumps(found)[:60]}"
+                + (
+                    " (written by an older maka-eval; run it into a new --out directory)"
+                    if isinstance(found, str) and found.startswith("maka.eval.attempt.")
+                    else ""
+                )
+            )
+        try:
+            trigger = Trigger(f.required("trigger"))
+        except (ValueError, TypeError):
+            raise ContractError(
+                f"trigger: must be one of {', '.join(t.value for t in Trigger)}"
+            ) from None
+        timings_raw = f.raw("timings") or {}
+        if not isinstance(timings_raw, Mapping):
+            raise ContractError("timings: must be an object of numbers")
+        timings = {str(k): finite(v, f"timings.{k}") for k, v in timings_raw.items()}
+
+        def text(key: str) -> str:
+            value = f.string(key, limit=512)
+            assert value is not None
+            return value
+
+        started = f.timestamp("startedAt")
+        finished = f.timestamp("finishedAt")
+        assert started is not None and finished is not None
+        return cls(
+            run_id=text("runId"),
+            experiment_id=text("experimentId"),
+            cell_id=text("cellId"),
+            task_id=text("taskId"),
+            repetition=f.integer("repetition", minimum=1) or 1,
+            subject_id=text("subjectId"),
+            attempt=f.integer("attempt", minimum=1) or 1,
+            attempt_id=text("attemptId"),
+            trigger=trigger,
+            request=f.string("request", optional=True, limit=256),
+            started_at=started,
+            subject_started_at=f.timestamp("subjectStartedAt", optional=True),
+            finished_at=finished,
+            result=ResultKernel.from_dict(f.required("result"), "result"),
+            timings=timings,
+            host=text("host"),
+            maka_eval_version=text("makaEvalVersion"),
+        )
+
+
+def utc_from_epoch(seconds: float) -> datetime:
+    """A timezone-aware UTC datetime."""
+    return datetime.fromtimestamp(seconds, tz=UTC)
