@@ -6,6 +6,8 @@ Standard library only: the relay uses it inside task containers, the store local
 from __future__ import annotations
 
 import hashlib
+import io
+import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -37,6 +39,43 @@ def digest_file(path: Path) -> ArtifactDigest:
 def redaction(name: str) -> bytes:
     """What replaces a credential's value in an artifact."""
     return f"[redacted:{name}]".encode()
+
+
+@dataclass(frozen=True)
+class Redactor:
+    """Replaces credential values, wherever they appear, by `[redacted:NAME]`."""
+
+    replacements: Mapping[bytes, bytes]
+
+    @classmethod
+    def of(cls, secrets: Mapping[str, str]) -> Redactor:
+        """From name -> value; a value is also caught in its JSON-escaped form."""
+        replacements: dict[bytes, bytes] = {}
+        for name, value in secrets.items():
+            if value:
+                replacements[value.encode()] = redaction(name)
+                replacements[json.dumps(value)[1:-1].encode()] = redaction(name)
+        return cls(replacements)
+
+    def __bool__(self) -> bool:
+        return bool(self.replacements)
+
+    def scrub(self, data: bytes) -> bytes:
+        """`data` with every value replaced (leftmost, longest first)."""
+        if not self.replacements or not data:
+            return data
+        out = io.BytesIO()
+        _redact_stream(io.BytesIO(data), out, self.replacements)
+        return out.getvalue()
+
+    def text(self, value: str) -> str:
+        """A string with every value replaced."""
+        if not self.replacements or not value:
+            return value
+        return self.scrub(value.encode()).decode(errors="replace")
+
+
+NO_REDACTION = Redactor({})
 
 
 def _earliest(buf: bytes, start: int, secrets: Mapping[bytes, bytes]) -> tuple[int, bytes] | None:
@@ -86,20 +125,16 @@ def _redact_stream(
 
 
 def copy_artifact(
-    src: Path, dst: Path, secrets: Mapping[str, str] | None = None, *, fsync: bool = True
+    src: Path, dst: Path, redactor: Redactor = NO_REDACTION, *, fsync: bool = True
 ) -> ArtifactDigest:
-    """Copy `src` to a new file `dst` (never overwriting), redacting secret values.
+    """Copy `src` to a new file `dst` (never overwriting), redacting credential values.
 
-    `secrets` maps a credential name to its value; every occurrence of a value becomes
-    `[redacted:NAME]`. The digest is of what was written.
+    The digest is of what was written.
     """
-    replacements = {
-        value.encode(): redaction(name) for name, value in (secrets or {}).items() if value
-    }
     fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
     with os.fdopen(fd, "wb") as sink, src.open("rb") as source:
-        if replacements:
-            size, sha = _redact_stream(source, sink, replacements)
+        if redactor:
+            size, sha = _redact_stream(source, sink, redactor.replacements)
         else:
             digest = hashlib.sha256()
             size = 0

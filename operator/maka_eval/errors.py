@@ -57,3 +57,7 @@ class StoreError(MakaEvalError):
 
 class CellSelectionError(MakaEvalError):
     """`--cell` names a cell that does not exist or must not be re-run."""
+
+
+class ResourceError(MakaEvalError):
+    """The machine ran out of something the run needs (disk space); the run stopped."""

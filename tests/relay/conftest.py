@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 
 from maka_eval.engine.classify import ResultContract
+from maka_eval.engine.launch import SubjectLaunch
 from maka_eval.relay.attempt import run_attempt
 from maka_eval.relay.outcome import AttemptOutcome
-from maka_eval.relay.plan import AttemptPlan, SubjectLaunch
+from maka_eval.relay.plan import AttemptPlan
 from maka_eval.relay.processes import CancelToken, ProcessSupervisor
 from tests.helpers import REWARD_IF_DONE, make_task
 
@@ -35,6 +36,8 @@ def plan_for(tmp_path) -> Callable[..., AttemptPlan]:
         env: Mapping[str, str] | None = None,
         credentials: Mapping[str, str] | None = None,
         files: dict[str, str] | None = None,
+        redact: tuple[str, ...] = (),
+        output_limit: int = 1 << 20,
     ) -> AttemptPlan:
         n = next(_counter)
         task = make_task(tmp_path / "tasks", f"t{n}", test_sh=test_sh, files=files)
@@ -46,6 +49,7 @@ def plan_for(tmp_path) -> Callable[..., AttemptPlan]:
             repetition=1,
             subject_id="s",
             root=str(tmp_path / "attempts" / str(n)),
+            artifacts_dir=str(tmp_path / "artifacts" / str(n)),
             instruction_file=str(task / "instruction.md"),
             tests_dir=str(task / "tests"),
             environment_dir=str(task / "environment") if files else None,
@@ -57,6 +61,8 @@ def plan_for(tmp_path) -> Callable[..., AttemptPlan]:
             ),
             agent_timeout_sec=timeout,
             verifier_timeout_sec=verifier_timeout,
+            redact=redact or tuple((credentials or {}).values()),
+            output_limit_bytes=output_limit,
         )
 
     return build
@@ -81,6 +87,11 @@ def sh(script: str) -> list[str]:
     return ["/bin/sh", "-c", script]
 
 
-def artifact(outcome: AttemptOutcome, name: str) -> str:
-    path = next(a.path for a in outcome.artifacts if a.name == name)
-    return Path(path).read_text()
+def artifact_file(plan: AttemptPlan, outcome: AttemptOutcome, name: str) -> Path:
+    """The stored artifact `name` (it must be listed in the kernel)."""
+    assert name in {a.name for a in outcome.kernel.artifacts}, name
+    return Path(plan.artifacts_dir) / name
+
+
+def artifact(plan: AttemptPlan, outcome: AttemptOutcome, name: str) -> str:
+    return artifact_file(plan, outcome, name).read_text()

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 from maka_eval.engine.classify import ExecutionEnd, FrameState, ResultContract
 from maka_eval.engine.status import AttemptStatus, StatusSource
 from maka_eval.engine.usage import Usage
-from tests.relay.conftest import artifact, sh
+from tests.relay.conftest import artifact, artifact_file, sh
 
 V1 = ResultContract.PROTOCOL_V1
 S = AttemptStatus
@@ -35,21 +34,23 @@ FRAME = {
 
 
 def test_exit_code_contract(plan_for, run):
-    ok = run(plan_for(sh("touch done.txt; echo chatter")))
+    plan = plan_for(sh("touch done.txt; echo chatter"))
+    ok = run(plan)
     assert ok.classification.status is S.COMPLETED and ok.classification.score == 1.0
     assert ok.classification.usage is None and ok.classification.cost_usd is None
-    assert artifact(ok, "subject.stdout") == "chatter\n"  # kept as an artifact, never parsed
+    assert artifact(plan, ok, "subject.stdout") == "chatter\n"  # kept as an artifact, never parsed
     failed = run(plan_for(sh("exit 4")))
     assert failed.classification.status is S.SUBJECT_FAILED
     assert failed.classification.score == 0.0 and failed.classification.exit_code == 4
 
 
 def test_protocol_v1_frame_is_read_and_wins_over_the_exit_code(plan_for, run):
-    outcome = run(plan_for(frame_script(FRAME, exit_code=3), contract=V1))
+    plan = plan_for(frame_script(FRAME, exit_code=3), contract=V1)
+    outcome = run(plan)
     c = outcome.classification
     assert c.status is S.COMPLETED and c.source is StatusSource.FRAME and c.exit_code is None
     assert c.usage == Usage(120, 30, 0, 40) and c.cost_usd == 0.0031
-    assert json.loads(artifact(outcome, "result-frame.json")) == FRAME
+    assert json.loads(artifact(plan, outcome, "result-frame.json")) == FRAME
 
 
 def test_frame_without_status_falls_back_to_the_exit_code(plan_for, run):
@@ -142,7 +143,6 @@ def test_environment_is_built_from_nothing(plan_for, run):
     assert env["HOME"] == str(Path(plan.root) / "home") and env["HOME"] != "/root"
     assert env["MAKA_EVAL_CELL_ID"] == plan.cell_id
     assert Path(env["MAKA_EVAL_INSTRUCTION_FILE"]).read_text() == "Create done.txt.\n"
-    assert outcome.credential_values == {"OPENAI_API_KEY": "sk-declared"}
 
 
 def test_a_missing_credential_is_an_infra_failure_not_a_start(plan_for, run, tmp_path):
@@ -183,10 +183,9 @@ def test_start_gate_runs_after_preparation_and_before_the_subject(plan_for, run)
 
 
 def test_timings_add_up(plan_for, run):
-    outcome = run(plan_for(sh("touch done.txt")))
+    plan = plan_for(sh("touch done.txt"))
+    outcome = run(plan)
     t = outcome.timings
     parts = t["prepareSec"] + t["subjectSec"] + t["verifierSec"] + t["cleanupSec"]
     assert abs(parts - t["totalSec"]) < 0.01
-    assert os.path.exists(
-        next(a.path for a in outcome.artifacts if a.name == "verifier/reward.txt")
-    )
+    assert artifact_file(plan, outcome, "verifier/reward.txt").exists()

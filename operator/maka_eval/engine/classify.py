@@ -7,7 +7,8 @@ execution ended, the result frame, the verifier's reward, metered model work) an
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from enum import StrEnum
 
 from maka_eval.engine.status import AttemptStatus, StatusSource, SubjectStatus
@@ -78,6 +79,8 @@ class Verification:
 
     score: float | None
     error: str | None = None
+    metrics: Mapping[str, float] = field(default_factory=dict)
+    """Every value the verifier reported (reward.json), the score among them."""
 
 
 NOT_VERIFIED = Verification(None, "the verifier did not run")
@@ -149,10 +152,27 @@ def classify(
     frame: Frame = NO_FRAME,
     verification: Verification = NOT_VERIFIED,
     metered: MeteredWork | None = None,
+    disk_full: str | None = None,
 ) -> Classification:
-    """Apply the status rules to one attempt's evidence."""
+    """Apply the status rules to one attempt's evidence.
+
+    `disk_full` names a folder the attempt needed whose file system was full when the
+    attempt ended: whatever else happened, that is neither the subject's failure nor
+    an infrastructure failure to spend a retry on. The attempt is recorded as cancelled
+    (it runs again on resume) and the run stops.
+    """
     usage, cost = _attributed(frame, metered)
 
+    if disk_full is not None:
+        return Classification(
+            AttemptStatus.CANCELLED,
+            None,
+            usage,
+            cost,
+            StatusSource.HOST,
+            f"the file system holding {disk_full} is full; the run stops and this cell "
+            "runs again on resume",
+        )
     if execution.end is ExecutionEnd.CANCELLED:
         return Classification(
             AttemptStatus.CANCELLED,

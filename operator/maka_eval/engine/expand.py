@@ -68,6 +68,7 @@ class Expansion:
     subject_ids: tuple[str, ...]
     repetitions: int
     _cells: Mapping[str, Cell] = field(default_factory=dict, repr=False, compare=False)
+    _group_index: Mapping[str, int] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def cells(self) -> tuple[Cell, ...]:
@@ -76,6 +77,10 @@ class Expansion:
     def cell(self, cell_id: str) -> Cell:
         """The cell with this id (KeyError if none)."""
         return self._cells[cell_id]
+
+    def group_index(self, cell_id: str) -> int:
+        """Position of the cell's task group in execution order (KeyError if none)."""
+        return self._group_index[self._cells[cell_id].group_id]
 
     def __contains__(self, cell_id: object) -> bool:
         return cell_id in self._cells
@@ -100,7 +105,8 @@ def expand_ids(
             )
             groups.append(TaskGroup(group_id(task, repetition), task, repetition, cells))
     by_id = {cell.id: cell for group in groups for cell in group.cells}
-    return Expansion(tuple(groups), task_ids, subject_ids, repetitions, by_id)
+    index = {group.id: i for i, group in enumerate(groups)}
+    return Expansion(tuple(groups), task_ids, subject_ids, repetitions, by_id, index)
 
 
 def expand(experiment: Experiment) -> Expansion:

@@ -1,69 +1,15 @@
-"""Cell -> relay plan: how each subject kind is launched for one attempt."""
+"""Cell -> relay plan: one attempt of one cell, laid out on this machine."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from pathlib import Path
 
-from maka_eval.engine.classify import ResultContract
 from maka_eval.engine.expand import Cell
+from maka_eval.engine.launch import SOLUTION_DIR_NAME, subject_launch
 from maka_eval.local.prerequisites import ResolvedCommands
-from maka_eval.relay.plan import AttemptPlan, SubjectLaunch
+from maka_eval.relay.plan import AttemptPlan
 from maka_eval.spec.experiment import Experiment
-from maka_eval.spec.subjects import ExternalSubject, MakaSubject, OracleSubject, Subject
 from maka_eval.spec.task_directory import TaskDefinition
-
-
-def credential_targets(declared: tuple[str, ...], bindings: Mapping[str, str]) -> dict[str, str]:
-    """target variable -> source credential; unbound credentials keep their own name."""
-    targets = dict(bindings)
-    bound = set(bindings.values())
-    for name in declared:
-        if name not in bound:
-            targets[name] = name
-    return targets
-
-
-def subject_launch(
-    subject: Subject,
-    task: TaskDefinition,
-    experiment: Experiment,
-    commands: ResolvedCommands,
-    attempt_root: Path,
-) -> SubjectLaunch:
-    """How to start this subject on this task."""
-    if isinstance(subject, ExternalSubject):
-        config = subject.config
-        return SubjectLaunch(
-            argv=(str(commands.subjects[subject.id]), *config.args),
-            contract=ResultContract(config.result_contract),
-            env=dict(config.env),
-            credentials=credential_targets(subject.credentials, config.credential_bindings),
-        )
-    if isinstance(subject, MakaSubject):
-        host = experiment.spec.executor.config.runtime_host
-        assert host is not None and commands.runtime_host is not None
-        model = ("--model", subject.config.model) if subject.config.model else ()
-        return SubjectLaunch(
-            argv=(
-                str(commands.runtime_host),
-                *host.args,
-                "--session-profile",
-                subject.config.profile,
-                *model,
-                *subject.config.args,
-            ),
-            contract=ResultContract.PROTOCOL_V1,
-            credentials=credential_targets(subject.credentials, {}),
-        )
-    assert isinstance(subject, OracleSubject) and task.solution_dir is not None
-    return SubjectLaunch(
-        argv=(str(attempt_root / "solution" / "solve.sh"),),
-        contract=ResultContract.EXIT_CODE,
-        env=dict(task.solution_env),
-        credentials=credential_targets(subject.credentials, {}),
-        extra_dirs={"solution": str(task.solution_dir)},
-    )
 
 
 def attempt_plan(
@@ -75,11 +21,22 @@ def attempt_plan(
     run_id: str,
     attempt_id: str,
     attempt_root: Path,
+    artifacts_dir: Path,
 ) -> AttemptPlan:
     """The relay plan for one attempt of `cell`."""
     spec = experiment.spec
     subject = experiment.subject(cell.subject_id)
     defaults = spec.execution.default_timeouts
+    host = spec.executor.config.runtime_host
+    program = commands.subjects.get(subject.id)
+    launch = subject_launch(
+        subject,
+        program=str(program) if program is not None else None,
+        runtime_host_args=host.args if host is not None else (),
+        solution_dir=str(task.solution_dir) if task.solution_dir else None,
+        solution_script=str(attempt_root / SOLUTION_DIR_NAME / "solve.sh"),
+        solution_env=task.solution_env,
+    )
     return AttemptPlan(
         attempt_id=attempt_id,
         run_id=run_id,
@@ -88,12 +45,15 @@ def attempt_plan(
         repetition=cell.repetition,
         subject_id=cell.subject_id,
         root=str(attempt_root),
+        artifacts_dir=str(artifacts_dir),
         instruction_file=str(task.instruction_file),
         tests_dir=str(task.tests_dir),
         environment_dir=str(task.environment_dir) if task.environment_dir else None,
-        subject=subject_launch(subject, task, experiment, commands, attempt_root),
+        subject=launch,
         agent_timeout_sec=task.agent_timeout_sec or defaults.agent_sec,
         verifier_timeout_sec=task.verifier_timeout_sec or defaults.verifier_sec,
         verifier_env=dict(task.verifier_env),
         score_key=spec.verifier.config.score_key,
+        redact=tuple(dict.fromkeys(c for s in spec.subjects for c in s.credentials)),
+        output_limit_bytes=spec.execution.max_output_bytes,
     )

@@ -15,10 +15,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from maka_eval.artifacts import digest_file
 from maka_eval.engine.status import AttemptStatus
 from maka_eval.relay.attempt import run_attempt
-from maka_eval.relay.outcome import kernel
 from maka_eval.relay.plan import AttemptPlan, PlanError
 from maka_eval.relay.processes import CancelToken, ProcessSupervisor
 
@@ -53,8 +51,7 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(sig, on_signal)
 
     outcome = run_attempt(plan, supervisor, cancel)
-    digests = [(a.name, digest_file(Path(a.path))) for a in outcome.artifacts]
-    body = kernel(outcome, digests).to_json()
+    body = outcome.kernel.to_json()
     if args.result is None:
         sys.stdout.write(body + "\n")
     else:

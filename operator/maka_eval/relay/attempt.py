@@ -17,6 +17,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from maka_eval.artifacts import Redactor, copy_artifact
+from maka_eval.contract.kernel import ArtifactEntry
 from maka_eval.engine.classify import (
     NO_FRAME,
     NOT_VERIFIED,
@@ -33,11 +35,30 @@ from maka_eval.relay.environment import (
     resolve_credentials,
     subject_environment,
 )
-from maka_eval.relay.frame import read_frame
-from maka_eval.relay.outcome import ArtifactFile, AttemptOutcome
+from maka_eval.relay.frame import MAX_FRAME_BYTES, read_frame
+from maka_eval.relay.outcome import AttemptOutcome, build_kernel
+from maka_eval.relay.output import DiskFull, OutputCapture
 from maka_eval.relay.plan import AttemptPlan
 from maka_eval.relay.processes import CancelToken, ProcessSupervisor, WaitEnd
 from maka_eval.relay.verifier import read_reward
+
+LOW_DISK_BYTES = 1 << 20
+"""Below this much free space a file system counts as full: nothing an attempt wrote
+there (output, rewards, records) can be trusted to be whole."""
+
+OUTPUT_NAMES = ("subject.stdout", "subject.stderr", "verifier.stdout", "verifier.stderr")
+
+
+def full_file_system(*paths: str) -> str | None:
+    """The first of `paths` whose file system is (nearly) full, or None."""
+    for path in paths:
+        try:
+            info = os.statvfs(path)
+        except OSError:
+            continue
+        if info.f_bavail * info.f_frsize < LOW_DISK_BYTES:
+            return path
+    return None
 
 
 @dataclass(frozen=True)
@@ -88,7 +109,16 @@ class AttemptLayout:
 
 
 def _copy_tree(src: str, dst: Path) -> None:
-    shutil.copytree(src, dst, symlinks=True, dirs_exist_ok=True)
+    try:
+        shutil.copytree(src, dst, symlinks=True, dirs_exist_ok=True)
+    except shutil.Error as exc:
+        # copytree gathers per-file errors into a list; report the first one plainly.
+        failures = [item for item in exc.args[0] if isinstance(item, tuple)]
+        full = next((item for item in failures if "[Errno 28]" in str(item[-1])), None)
+        if full is not None:
+            raise OSError(errno.ENOSPC, "no space left on device", str(full[1])) from None
+        first = failures[0] if failures else ("?", str(dst), str(exc))
+        raise OSError(errno.EIO, f"cannot copy {first[0]}: {first[-1]}", str(first[1])) from None
 
 
 def _make_executable(path: Path) -> None:
@@ -124,6 +154,13 @@ class _Attempt:
         self.credentials: dict[str, str] = {}
         self.subject_started_at: float | None = None
         self.base_env: dict[str, str] = {}
+        self.captures: dict[str, OutputCapture] = {}
+        self.disk_full: str | None = None
+        # Every credential of the experiment, whichever subject declared it: a subject
+        # that got hold of another's value must not carry it out of the attempt.
+        self.redactor = Redactor.of(
+            {name: host_env[name] for name in plan.redact if host_env.get(name)}
+        )
 
     # -- phases ---------------------------------------------------------------------
     def pass_gate(self) -> None:
@@ -150,6 +187,14 @@ class _Attempt:
             host_env=self.host_env,
         )
 
+    def _capture(self, prefix: str) -> tuple[OutputCapture, OutputCapture]:
+        limit = self.plan.output_limit_bytes
+        out = OutputCapture(self.layout.output / f"{prefix}.stdout", limit)
+        err = OutputCapture(self.layout.output / f"{prefix}.stderr", limit)
+        self.captures[f"{prefix}.stdout"] = out
+        self.captures[f"{prefix}.stderr"] = err
+        return out, err
+
     def _attempt_vars(self) -> dict[str, str]:
         plan, layout = self.plan, self.layout
         values = {
@@ -174,28 +219,31 @@ class _Attempt:
         env = subject_environment(
             self.base_env, self._attempt_vars(), plan.subject.env, self.credentials
         )
-        with (
-            open(layout.output / "subject.stdout", "wb") as out,
-            open(layout.output / "subject.stderr", "wb") as err,
-        ):
-            try:
-                proc = self.supervisor.spawn(
-                    list(plan.subject.argv),
-                    cwd=str(layout.workspace),
-                    env=env,
-                    stdout=out,
-                    stderr=err,
-                )
-            except OSError as exc:
-                return Execution(
-                    ExecutionEnd.THREW,
-                    error=f"cannot start {plan.subject.argv[0]!r}: {exc.strerror}",
-                )
+        out, err = self._capture("subject")
+        try:
+            proc = self.supervisor.spawn(
+                list(plan.subject.argv),
+                cwd=str(layout.workspace),
+                env=env,
+                stdout=out.child_fd,
+                stderr=err.child_fd,
+            )
+        except OSError as exc:
+            return Execution(
+                ExecutionEnd.THREW,
+                error=f"cannot start {plan.subject.argv[0]!r}: {exc.strerror}",
+            )
+        finally:
+            out.started()
+            err.started()
         self.subject_started_at = time.time()
-        end = self.supervisor.wait(proc, plan.agent_timeout_sec, self.cancel)
+        end = self.supervisor.wait(
+            proc, plan.agent_timeout_sec, self.cancel, tuple(self.captures.values())
+        )
         if end is not WaitEnd.EXITED:
             self.supervisor.quiesce([proc.pid], plan.attempt_id)
         code = self.supervisor.release(proc)
+        self.disk_full = self.disk_full or full_file_system(str(layout.root))
         return Execution(
             _END[end],
             exit_code=code if end is WaitEnd.EXITED else None,
@@ -207,7 +255,7 @@ class _Attempt:
             return NO_FRAME
         fd = os.open(self.layout.frame_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
-            return read_frame(fd)
+            return read_frame(fd, scrub=self.redactor.scrub)
         finally:
             os.close(fd)
 
@@ -229,60 +277,92 @@ class _Attempt:
             }
         )
         env.update(self.base_env)
-        with (
-            open(layout.output / "verifier.stdout", "wb") as out,
-            open(layout.output / "verifier.stderr", "wb") as err,
-        ):
-            argv = [str(script)]
+        out, err = self._capture("verifier")
+        argv = [str(script)]
+        try:
             try:
                 proc = self.supervisor.spawn(
-                    argv, cwd=str(layout.workspace), env=env, stdout=out, stderr=err
+                    argv,
+                    cwd=str(layout.workspace),
+                    env=env,
+                    stdout=out.child_fd,
+                    stderr=err.child_fd,
                 )
             except OSError as exc:
                 if exc.errno != errno.ENOEXEC:
                     return Verification(None, f"cannot start tests/test.sh: {exc.strerror}")
                 # No shebang: run it the way a shell would.
                 proc = self.supervisor.spawn(
-                    ["/bin/sh", *argv], cwd=str(layout.workspace), env=env, stdout=out, stderr=err
+                    ["/bin/sh", *argv],
+                    cwd=str(layout.workspace),
+                    env=env,
+                    stdout=out.child_fd,
+                    stderr=err.child_fd,
                 )
-        end = self.supervisor.wait(proc, plan.verifier_timeout_sec, self.cancel)
+        finally:
+            out.started()
+            err.started()
+        end = self.supervisor.wait(
+            proc, plan.verifier_timeout_sec, self.cancel, tuple(self.captures.values())
+        )
         if end is not WaitEnd.EXITED:
             self.supervisor.quiesce([proc.pid], plan.attempt_id)
         self.supervisor.release(proc)
+        self.disk_full = self.disk_full or full_file_system(str(layout.root), plan.artifacts_dir)
         if end is WaitEnd.CANCELLED:
             return None
         if end is WaitEnd.TIMED_OUT:
             return Verification(
                 None, f"the verifier timed out after {plan.verifier_timeout_sec:g}s"
             )
-        verification, _ = read_reward(str(layout.verifier_logs), plan.score_key)
+        verification, _ = read_reward(
+            str(layout.verifier_logs), plan.score_key, scrub=self.redactor.scrub
+        )
         return verification
 
     def cleanup(self) -> None:
-        """The attempt is over: nothing of it may outlive it."""
-        self.supervisor.end_attempt(self.plan.attempt_id)
+        """The attempt is over: nothing of it may outlive it; close its output."""
+        try:
+            self.supervisor.end_attempt(self.plan.attempt_id)
+        finally:
+            for capture in self.captures.values():
+                try:
+                    capture.finish()
+                except DiskFull as exc:
+                    self.disk_full = self.disk_full or str(Path(str(exc.filename)).parent)
 
-    def artifacts(self) -> tuple[ArtifactFile, ...]:
+    def store_artifacts(self) -> tuple[ArtifactEntry, ...]:
+        """Copy what the attempt left into the artifacts folder, redacted and digested.
+
+        Empty files are not stored: an artifact always has content.
+        """
         layout = self.layout
-        candidates = [
-            (name, layout.output / name)
-            for name in ("subject.stdout", "subject.stderr", "verifier.stdout", "verifier.stderr")
-        ]
+        candidates = [(name, layout.output / name) for name in OUTPUT_NAMES]
         candidates += [
             (f"verifier/{name}", layout.verifier_logs / name)
             for name in ("reward.json", "reward.txt")
         ]
         candidates.append(("result-frame.json", layout.frame_dir / "result.json"))
-        found = []
+        target_root = Path(self.plan.artifacts_dir)
+        entries = []
         for name, path in candidates:
-            with contextlib.suppress(OSError):
+            try:
                 info = path.lstat()
-                # Empty output is not stored: an artifact always has content.
-                if stat.S_ISREG(info.st_mode) and (
-                    0 < info.st_size <= (64 * 1024 if name == "result-frame.json" else info.st_size)
-                ):
-                    found.append(ArtifactFile(name, str(path)))
-        return tuple(found)
+            except OSError:
+                continue
+            limit = MAX_FRAME_BYTES if name == "result-frame.json" else info.st_size
+            if not (stat.S_ISREG(info.st_mode) and 0 < info.st_size <= limit):
+                continue
+            target = target_root / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            digest = copy_artifact(path, target, self.redactor)
+            capture = self.captures.get(name)
+            entries.append(
+                ArtifactEntry(
+                    name, digest.bytes, digest.sha256, bool(capture and capture.truncated)
+                )
+            )
+        return tuple(entries)
 
     # -- the whole attempt ------------------------------------------------------------
     def run(self) -> AttemptOutcome:
@@ -307,6 +387,8 @@ class _Attempt:
                     verification = result
             t_verified = time.perf_counter()
         except Exception as exc:
+            if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+                self.disk_full = self.disk_full or str(exc.filename or self.layout.root)
             execution = Execution(ExecutionEnd.THREW, error=f"{type(exc).__name__}: {exc}")
             with contextlib.suppress(Exception):
                 self.pass_gate()  # the other arms must not wait for this one
@@ -317,9 +399,23 @@ class _Attempt:
         finally:
             with contextlib.suppress(Exception):
                 self.cleanup()
+        artifacts: tuple[ArtifactEntry, ...] = ()
+        try:
+            artifacts = self.store_artifacts()
+        except OSError as exc:
+            if exc.errno != errno.ENOSPC:
+                execution = Execution(
+                    ExecutionEnd.THREW, error=f"storing the artifacts failed: {exc}"
+                )
+            self.disk_full = self.disk_full or self.plan.artifacts_dir
         t_end = time.perf_counter()
         classification = classify(
-            self.plan.subject.contract, execution, frame, verification, metered=None
+            self.plan.subject.contract,
+            execution,
+            frame,
+            verification,
+            metered=None,
+            disk_full=self.disk_full,
         )
         self.timings = {
             "prepareSec": t_prepared - t0,
@@ -333,16 +429,18 @@ class _Attempt:
             execution=execution,
             frame=frame,
             verification=verification,
-            artifacts=self.artifacts(),
+            artifacts=artifacts,
             started_at=started_at,
             finished_at=time.time(),
             subject_started_at=self.subject_started_at,
             timings=self.timings,
-            credential_values={
-                source: self.host_env[source]
-                for source in self.plan.subject.credentials.values()
-                if self.host_env.get(source)
-            },
+            kernel=build_kernel(
+                classification,
+                verification,
+                self.timings["subjectSec"],
+                artifacts,
+                self.redactor,
+            ),
         )
 
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
+from maka_eval.engine.launch import FIXED_ENV
 from maka_eval.relay.processes import MARKER_VARIABLE
 
-FIXED = {"DEBIAN_FRONTEND": "noninteractive", "TZ": "Etc/UTC", "LANG": "C.UTF-8"}
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
@@ -33,7 +33,7 @@ def base_environment(
         "PATH": host_env.get("PATH") or DEFAULT_PATH,
         "HOME": home,
         "TMPDIR": tmp,
-        **FIXED,
+        **FIXED_ENV,
         MARKER_VARIABLE: attempt_id,
     }
 

@@ -17,6 +17,7 @@ import json
 import math
 import os
 import stat
+from collections.abc import Callable
 from typing import Any
 
 from maka_eval import strict_json
@@ -100,8 +101,11 @@ def read_bounded(dir_fd: int, name: str, limit: int) -> bytes | None:
         os.close(fd)
 
 
-def read_frame(dir_fd: int, name: str = "result.json") -> Frame:
-    """Read the frame file from the frame directory; never raises."""
+def read_frame(
+    dir_fd: int, name: str = "result.json", scrub: Callable[[bytes], bytes] = bytes
+) -> Frame:
+    """Read the frame file from the frame directory; never raises. `scrub` is applied
+    to the bytes before parsing (no message about them can carry a credential)."""
     try:
         data = read_bounded(dir_fd, name, MAX_FRAME_BYTES)
     except OSError as exc:
@@ -110,7 +114,7 @@ def read_frame(dir_fd: int, name: str = "result.json") -> Frame:
         return _malformed(str(exc) if not exc.errno else f"cannot read it: {exc.strerror}")
     if data is None:
         return Frame(FrameState.ABSENT)
-    return parse_frame(data)
+    return parse_frame(scrub(data))
 
 
 def frame_bytes(

@@ -1,26 +1,18 @@
-"""What one attempt produced, and its result kernel.
+"""What one attempt produced: the evidence the relay gathered and the result kernel.
 
-The kernel is all a result is: score, normalized usage, attributable cost, duration,
-status and artifacts (name, bytes, sha256). In a pod it travels in the termination
-message, so it is bounded well under 4 KiB.
+The kernel (maka_eval.contract.kernel) is built here, by the relay, with the artifacts
+already redacted and digested, so every executor records exactly what the relay
+decided: in-process locally, from the termination message in a pod.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass
 
-from maka_eval.artifacts import ArtifactDigest
+from maka_eval.artifacts import Redactor
 from maka_eval.contract.kernel import REASON_LIMIT, ArtifactEntry, ResultKernel
 from maka_eval.engine.classify import Classification, Execution, Frame, Verification
-
-
-@dataclass(frozen=True)
-class ArtifactFile:
-    """An artifact the relay left in the attempt directory."""
-
-    name: str
-    path: str
 
 
 @dataclass(frozen=True)
@@ -31,14 +23,12 @@ class AttemptOutcome:
     execution: Execution
     frame: Frame
     verification: Verification
-    artifacts: tuple[ArtifactFile, ...]
+    artifacts: tuple[ArtifactEntry, ...]
     started_at: float
     finished_at: float
     subject_started_at: float | None
     timings: Mapping[str, float]
-    credential_values: Mapping[str, str] = field(default_factory=dict, repr=False)
-    """name -> value of the credentials the subject got, so artifacts can be redacted.
-    Held in memory only; never serialized."""
+    kernel: ResultKernel
 
     @property
     def duration_sec(self) -> float:
@@ -46,17 +36,28 @@ class AttemptOutcome:
         return self.timings.get("subjectSec", 0.0)
 
 
-def kernel(outcome: AttemptOutcome, digests: Sequence[tuple[str, ArtifactDigest]]) -> ResultKernel:
-    """The result kernel of an attempt, fitted to the relay's share of the bound."""
-    c = outcome.classification
+def build_kernel(
+    classification: Classification,
+    verification: Verification,
+    duration_sec: float,
+    artifacts: tuple[ArtifactEntry, ...],
+    redactor: Redactor,
+) -> ResultKernel:
+    """The result kernel: every string redacted, fitted to the relay's share of the bound."""
+    c = classification
+    reason = redactor.text(c.reason or "")[:REASON_LIMIT] or None
+    metrics = {
+        redactor.text(name)[:64]: value for name, value in verification.metrics.items() if name
+    }
     return ResultKernel(
         status=c.status,
         score=c.score,
         usage=c.usage,
         cost_usd=c.cost_usd,
-        duration_sec=round(outcome.duration_sec, 6),
-        artifacts=tuple(ArtifactEntry(n, d.bytes, d.sha256) for n, d in digests),
+        duration_sec=round(max(duration_sec, 0.0), 6),
+        artifacts=artifacts,
         status_source=c.source,
-        reason=(c.reason or "")[:REASON_LIMIT] or None,
+        reason=reason,
         exit_code=c.exit_code,
+        metrics=dict(list(metrics.items())[:32]),
     ).fitted()

@@ -12,24 +12,15 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from maka_eval import strict_json
 from maka_eval.engine.classify import ResultContract
+from maka_eval.engine.launch import SubjectLaunch
+
+DEFAULT_OUTPUT_LIMIT = 8 * 1024 * 1024
 
 
 class PlanError(ValueError):
     """A relay plan is malformed."""
-
-
-@dataclass(frozen=True)
-class SubjectLaunch:
-    """How to start the subject."""
-
-    argv: tuple[str, ...]
-    contract: ResultContract
-    env: Mapping[str, str] = field(default_factory=dict)
-    credentials: Mapping[str, str] = field(default_factory=dict)
-    """Target variable name -> source credential name (read from the relay's environment)."""
-    extra_dirs: Mapping[str, str] = field(default_factory=dict)
-    """Task directories copied into the attempt for this subject (the oracle's solution)."""
 
 
 @dataclass(frozen=True)
@@ -45,6 +36,8 @@ class AttemptPlan:
     subject_id: str
     root: str
     """Attempt-private directory the relay creates and works in."""
+    artifacts_dir: str
+    """Where the relay leaves the attempt's artifacts (redacted, capped, digested)."""
     instruction_file: str
     tests_dir: str
     environment_dir: str | None
@@ -53,27 +46,33 @@ class AttemptPlan:
     verifier_timeout_sec: float
     verifier_env: Mapping[str, str] = field(default_factory=dict)
     score_key: str = "reward"
+    redact: tuple[str, ...] = ()
+    """Names of every credential of the experiment: any of their values found in what
+    leaves the relay (artifacts, reasons, metric names) is replaced by [redacted:NAME],
+    whichever subject it came from."""
+    output_limit_bytes: int = DEFAULT_OUTPUT_LIMIT
 
     def to_json(self) -> str:
         """Serialize for the relay program (`python -m maka_eval.relay`)."""
         data = asdict(self)
         data["subject"]["contract"] = self.subject.contract.value
         data["subject"]["argv"] = list(self.subject.argv)
+        data["redact"] = list(self.redact)
         return json.dumps(data, indent=2, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> AttemptPlan:
         """Parse a serialized plan; PlanError names what is wrong."""
         try:
-            data: dict[str, Any] = json.loads(text)
+            data: dict[str, Any] = strict_json.loads(text)
             subject = dict(data.pop("subject"))
             launch = SubjectLaunch(
                 argv=tuple(subject.pop("argv")),
                 contract=ResultContract(subject.pop("contract")),
                 **subject,
             )
-            plan = cls(subject=launch, **data)
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            plan = cls(subject=launch, redact=tuple(data.pop("redact", ())), **data)
+        except (KeyError, TypeError, ValueError, AttributeError, RecursionError) as exc:
             raise PlanError(f"the relay plan is malformed: {exc}") from None
         if not plan.subject.argv:
             raise PlanError("the relay plan has an empty subject.argv")

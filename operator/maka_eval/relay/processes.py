@@ -25,10 +25,12 @@ import sys
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import IO
+
+from maka_eval.relay.output import OutputCapture, pump_ready
 
 MARKER_VARIABLE = "MAKA_EVAL_ATTEMPT_ID"
 _PR_SET_CHILD_SUBREAPER = 36
@@ -50,6 +52,12 @@ class CancelToken:
         self._read, self._write = os.pipe()
         os.set_blocking(self._read, False)
         self._event = threading.Event()
+        self._listeners: list[Callable[[], None]] = []
+
+    def on_cancel(self, listener: Callable[[], None]) -> None:
+        """Call `listener` when cancelled; it must be safe in a signal handler (e.g. a
+        queue.SimpleQueue put)."""
+        self._listeners.append(listener)
 
     def cancel(self) -> None:
         """Set the flag; safe from a signal handler and from any thread."""
@@ -57,6 +65,8 @@ class CancelToken:
             self._event.set()
             with contextlib.suppress(OSError):
                 os.write(self._write, b"x")
+            for listener in list(self._listeners):
+                listener()
 
     def is_set(self) -> bool:
         return self._event.is_set()
@@ -166,8 +176,15 @@ class ProcessSupervisor:
             self._managed.add(proc.pid)
         return proc
 
-    def wait(self, proc: subprocess.Popen[bytes], timeout: float, cancel: CancelToken) -> WaitEnd:
-        """Wait for exit, the timeout, or cancellation, whichever comes first."""
+    def wait(
+        self,
+        proc: subprocess.Popen[bytes],
+        timeout: float,
+        cancel: CancelToken,
+        captures: Sequence[OutputCapture] = (),
+    ) -> WaitEnd:
+        """Wait for exit, the timeout, or cancellation, whichever comes first, copying
+        the captured output pipes meanwhile."""
         deadline = time.monotonic() + timeout
         pidfd = -1
         with contextlib.suppress(OSError, AttributeError):
@@ -182,7 +199,12 @@ class ProcessSupervisor:
                 if remaining <= 0:
                     return WaitEnd.TIMED_OUT
                 fds = [cancel.fileno()] + ([pidfd] if pidfd >= 0 else [])
-                select.select(fds, [], [], remaining if pidfd >= 0 else min(remaining, 0.05))
+                fds += [c.read_fd for c in captures if c.read_fd is not None]
+                ready, _, _ = select.select(
+                    fds, [], [], remaining if pidfd >= 0 else min(remaining, 0.05)
+                )
+                if captures and ready:
+                    pump_ready(captures, ready)
         finally:
             if pidfd >= 0:
                 os.close(pidfd)

@@ -7,10 +7,11 @@ infrastructure failure, never a zero.
 
 from __future__ import annotations
 
-import json
 import math
 import os
+from collections.abc import Callable
 
+from maka_eval import strict_json
 from maka_eval.engine.classify import Verification
 from maka_eval.relay.frame import read_bounded
 
@@ -26,8 +27,8 @@ def parse_reward_json(data: bytes, score_key: str) -> Verification:
     if not data.strip():
         return Verification(None, "reward.json is empty")
     try:
-        rewards = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
+        rewards = strict_json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
         return Verification(None, "reward.json is not valid JSON")
     if not isinstance(rewards, dict):
         return Verification(None, "reward.json must be an object of numbers")
@@ -39,7 +40,8 @@ def parse_reward_json(data: bytes, score_key: str) -> Verification:
     if score_key not in rewards:
         keys = ", ".join(sorted(rewards))[:80] or "none"
         return Verification(None, f"reward.json has no '{score_key}' key (keys: {keys})")
-    return Verification(float(rewards[score_key]))
+    metrics = {str(k): float(v) for k, v in rewards.items()}
+    return Verification(float(rewards[score_key]), metrics=metrics)
 
 
 def parse_reward_txt(data: bytes) -> Verification:
@@ -56,8 +58,14 @@ def parse_reward_txt(data: bytes) -> Verification:
     return Verification(value)
 
 
-def read_reward(logs_dir: str, score_key: str) -> tuple[Verification, str | None]:
-    """The verification and the name of the reward file it came from (if any)."""
+def read_reward(
+    logs_dir: str, score_key: str, scrub: Callable[[bytes], bytes] = bytes
+) -> tuple[Verification, str | None]:
+    """The verification and the name of the reward file it came from (if any).
+
+    `scrub` is applied to the file's bytes before they are parsed, so that no message
+    about them can carry a credential value.
+    """
     try:
         dir_fd = os.open(logs_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError:
@@ -73,8 +81,8 @@ def read_reward(logs_dir: str, score_key: str) -> tuple[Verification, str | None
             if len(data) > MAX_REWARD_BYTES:
                 return Verification(None, f"{name} is larger than {MAX_REWARD_BYTES} bytes"), name
             if name == "reward.json":
-                return parse_reward_json(data, score_key), name
-            return parse_reward_txt(data), name
+                return parse_reward_json(scrub(data), score_key), name
+            return parse_reward_txt(scrub(data)), name
         return Verification(None, "neither reward.json nor reward.txt was written"), None
     finally:
         os.close(dir_fd)

@@ -93,6 +93,16 @@ class Execution(SpecModel):
         description="Replacement attempts a cell gets after infrastructure failures.",
     )
     default_timeouts: Timeouts = Field(default_factory=Timeouts)
+    max_output_bytes: int = Field(
+        default=8 * 1024 * 1024,
+        ge=1024,
+        le=1024**3,
+        description=(
+            "Cap on each output stream of an attempt (the subject's and the verifier's "
+            "stdout and stderr). Output past it is discarded, the stored artifact ends "
+            "with a marker saying how much was cut, and the record marks it truncated."
+        ),
+    )
 
 
 class Budget(SpecModel):
