@@ -189,7 +189,7 @@ def _execution_sec(record: AttemptRecord) -> float:
 def check_durable(run_dir: Path, cells: int) -> None:
     """Read the run back from disk: one completed record per cell, nothing interrupted."""
     contents = read_run(run_dir)
-    problems = []
+    problems = [str(p) for p in contents.damaged]
     if len(contents.records) != cells:
         problems.append(f"{len(contents.records)} cells have records, expected {cells}")
     for cell_id, records in sorted(contents.records.items()):

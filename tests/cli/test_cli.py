@@ -92,7 +92,9 @@ def test_run_prints_results_and_the_numbers_are_right(hello):
     # The scripted agent solves fix-greeting and sum-numbers, not the other two.
     assert subjects["scripted"]["meanScore"] == 0.5
     assert subjects["scripted"]["tokens"] > 0 and subjects["scripted"]["costUsd"] > 0
-    assert subjects["oracle"]["tokens"] == 0  # exit-code contract: usage is null
+    # Exit-code contract: usage and cost are not reported, so the totals are null, not 0.
+    assert subjects["oracle"]["tokens"] is None and subjects["oracle"]["costUsd"] is None
+    assert subjects["scripted"]["sem"] is not None and "stderr" not in subjects["scripted"]
     assert len(data["cells"]) == 24 and data["withoutResult"] == []
     rows = list(csv.DictReader(io.StringIO(cli("results", str(hello / "run"), "-f", "csv").stdout)))
     assert len(rows) == 24 and {r["subject"] for r in rows} == {"oracle", "noop", "scripted"}

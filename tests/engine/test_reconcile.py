@@ -86,11 +86,17 @@ def test_running_groups_take_their_slots():
         # out of retries (1 retry allowed: 2 infra failures exhaust)
         ({"a::1::x": history(INFRA, INFRA)}, {"a::1::y", "b::1::x", "b::1::y"}, []),
         # a manual attempt is never retried automatically, but the cell stays pending
-        ({"a::1::x": history((INFRA, T.MANUAL))}, {"a::1::y", "b::1::x", "b::1::y"},
-         [("a::1::x", "scheduled")]),
+        (
+            {"a::1::x": history((INFRA, T.MANUAL))},
+            {"a::1::y", "b::1::x", "b::1::y"},
+            [("a::1::x", "scheduled")],
+        ),
         # a cancelled attempt is not a failure: scheduled again, not a retry
-        ({"a::1::x": history(CANCEL)}, {"a::1::y", "b::1::x", "b::1::y"},
-         [("a::1::x", "scheduled")]),
+        (
+            {"a::1::x": history(CANCEL)},
+            {"a::1::y", "b::1::x", "b::1::y"},
+            [("a::1::x", "scheduled")],
+        ),
         # a result ends the cell
         ({"a::1::x": history(INFRA, FAIL)}, {"a::1::y", "b::1::x", "b::1::y"}, []),
     ],

@@ -16,7 +16,13 @@ from maka_eval.contract.record import AttemptRecord
 from maka_eval.engine.status import AttemptStatus, StatusSource, Trigger
 from maka_eval.errors import StoreError
 from maka_eval.store.lock import LOCK_NAME, LockState, inspect_lock, unlock
-from maka_eval.store.run_store import RunIdentity, RunWriter, read_run, write_exclusive
+from maka_eval.store.run_store import (
+    RunIdentity,
+    RunWriter,
+    read_run,
+    require_intact,
+    write_exclusive,
+)
 
 IDENTITY = RunIdentity(
     {"schemaVersion": "maka.eval.v1", "id": "x", "repetitions": 1}, {"t": "sha256:aa"}
@@ -119,18 +125,22 @@ def test_damaged_records_are_reported_not_trusted(tmp_path):
     path = slot.record_path
     path.chmod(0o644)
     path.write_text(path.read_text().replace('"completed"', '"winning"'))
+    contents = read_run(tmp_path / "run")  # readers skip it and say which file
+    assert contents.records == {} and [p.where for p in contents.damaged] == [str(path)]
     with pytest.raises(StoreError) as info:
-        read_run(tmp_path / "run")
+        require_intact(contents)  # ...and a writer refuses to add attempts next to it
     assert "damaged attempt records" in info.value.summary
     assert str(path) in info.value.render()
+    with pytest.raises(StoreError, match="damaged attempt records"):
+        RunWriter.open(tmp_path / "run", IDENTITY, "0")
 
     # A valid record moved to another cell is caught too.
     path.write_text(path.read_text().replace('"winning"', '"completed"'))
     moved = tmp_path / "run" / "cells" / "t" / "1" / "z" / "attempts"
     moved.mkdir(parents=True)
     os.rename(path, moved / "0001.json")
-    with pytest.raises(StoreError, match="tampered"):
-        read_run(tmp_path / "run")
+    damaged = read_run(tmp_path / "run").damaged
+    assert len(damaged) == 1 and "tampered" in damaged[0].message
 
 
 def test_a_live_lock_refuses_a_second_writer(tmp_path):

@@ -8,22 +8,22 @@ every subject has a result.
 
 from __future__ import annotations
 
-import math
-import statistics
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from maka_eval.analysis.pairing import mean_and_sem, paired_difference, paired_scores
+from maka_eval.analysis.source import AttemptSource, RunDirectorySource, WriterView
 from maka_eval.contract.record import AttemptRecord
 from maka_eval.engine.budget import BudgetState, budget_state
 from maka_eval.engine.expand import Expansion, expand
 from maka_eval.engine.selection import CellState, cell_state, select_result
+from maka_eval.errors import Problem
 from maka_eval.spec.experiment import Experiment
 from maka_eval.spec.load import experiment_from_data
-from maka_eval.store.lock import LockInfo, LockState, inspect_lock
-from maka_eval.store.run_store import RunContents, read_run
+from maka_eval.store.lock import LockInfo, LockState
 
 
 @dataclass(frozen=True)
@@ -42,8 +42,19 @@ class CellRow:
 
 
 @dataclass(frozen=True)
+class PairedDifference:
+    """A subject minus the baseline subject, per complete task group."""
+
+    baseline: str
+    n: int
+    mean: float | None
+    sem: float | None
+
+
+@dataclass(frozen=True)
 class SubjectSummary:
-    """One subject across its cells."""
+    """One subject across its cells. Scores, tokens, cost and time are those of the
+    selected attempts (each cell's result); what every attempt spent is the budget's."""
 
     subject_id: str
     cells: int
@@ -52,12 +63,17 @@ class SubjectSummary:
     subject_failed: int
     without_result: int
     mean_score: float | None
-    stderr: float | None
+    sem: float | None
+    """Standard error of the mean score."""
     paired_n: int
     paired_mean_score: float | None
-    tokens: int
-    cost_usd: float
+    tokens: int | None
+    """Total tokens of the selected attempts; None when none of them reported usage."""
+    cost_usd: float | None
+    """Cost of the selected attempts; None when none of them reported a cost."""
     mean_duration_sec: float | None
+    paired_difference: PairedDifference | None = None
+    """Against the first subject; None for the first subject itself."""
 
 
 @dataclass(frozen=True)
@@ -71,10 +87,16 @@ class RunSummary:
     cells: tuple[CellRow, ...]
     subjects: tuple[SubjectSummary, ...]
     budget: BudgetState
+    """The shared budget: what EVERY attempt spent (failed, retried, cancelled ones
+    too), unlike the per-subject totals, which count selected attempts only."""
     lock: LockState
     lock_info: LockInfo | None
     attempts: int
     attempt_counts: Mapping[str, int]
+    damaged: tuple[Problem, ...] = ()
+    """Records left out because they cannot be trusted (each names its file)."""
+    has_writer_lock: bool = True
+    """False where the store has no writer lock (a cluster: the operator writes)."""
 
     @property
     def results(self) -> tuple[CellRow, ...]:
@@ -85,39 +107,33 @@ class RunSummary:
         return sum(1 for row in self.cells if row.state is state)
 
 
-def _mean_and_stderr(values: list[float]) -> tuple[float | None, float | None]:
-    if not values:
-        return None, None
-    mean = statistics.fmean(values)
-    if len(values) < 2:
-        return mean, None
-    return mean, statistics.stdev(values) / math.sqrt(len(values))
+def _sum_reported(values: Sequence[float | int | None]) -> float | int | None:
+    """The sum of the values that were reported; None when none was."""
+    reported = [v for v in values if v is not None]
+    return sum(reported) if reported else None
 
 
-def _subject_summaries(
-    expansion: Expansion, rows: list[CellRow], records: Mapping[str, list[AttemptRecord]]
-) -> list[SubjectSummary]:
-    by_cell = {row.cell_id: row for row in rows}
-    complete_groups = [
-        group
-        for group in expansion.groups
-        if all(by_cell[c.id].selected is not None for c in group.cells)
-    ]
+def _subject_summaries(expansion: Expansion, rows: Sequence[CellRow]) -> list[SubjectSummary]:
+    scores = {
+        row.cell_id: row.selected.result.score if row.selected is not None else None for row in rows
+    }
+    paired = paired_scores(expansion, scores)
+    baseline = expansion.subject_ids[0] if expansion.subject_ids else None
     summaries = []
     for subject in expansion.subject_ids:
         mine = [row for row in rows if row.subject_id == subject]
         selected = [row.selected for row in mine if row.selected is not None]
-        scores = [r.result.score for r in selected if r.result.score is not None]
-        mean, stderr = _mean_and_stderr(scores)
-        paired = []
-        for group in complete_groups:
-            record = next(by_cell[c.id].selected for c in group.cells if c.subject_id == subject)
-            if record is not None and record.result.score is not None:
-                paired.append(record.result.score)
-        every = [r for row in mine for r in records.get(row.cell_id, [])]
-        tokens = sum(r.result.usage.total_tokens for r in every if r.result.usage)
-        cost = sum(r.result.cost_usd or 0.0 for r in every)
-        durations = [r.result.duration_sec for r in selected]
+        stats = mean_and_sem([r.result.score for r in selected if r.result.score is not None])
+        ours = mean_and_sem(paired[subject])
+        difference = None
+        if baseline is not None and subject != baseline:
+            d = paired_difference(expansion, scores, subject, baseline)
+            difference = PairedDifference(baseline, d.n, d.mean, d.sem)
+        tokens = _sum_reported(
+            [r.result.usage.total_tokens if r.result.usage else None for r in selected]
+        )
+        cost = _sum_reported([r.result.cost_usd for r in selected])
+        durations = mean_and_sem([r.result.duration_sec for r in selected])
         summaries.append(
             SubjectSummary(
                 subject_id=subject,
@@ -126,28 +142,29 @@ def _subject_summaries(
                 completed=sum(1 for r in selected if r.status.value == "completed"),
                 subject_failed=sum(1 for r in selected if r.status.value == "subject_failed"),
                 without_result=len(mine) - len(selected),
-                mean_score=mean,
-                stderr=stderr,
-                paired_n=len(paired),
-                paired_mean_score=statistics.fmean(paired) if paired else None,
-                tokens=tokens,
-                cost_usd=cost,
-                mean_duration_sec=statistics.fmean(durations) if durations else None,
+                mean_score=stats.mean,
+                sem=stats.sem,
+                paired_n=ours.n,
+                paired_mean_score=ours.mean,
+                tokens=None if tokens is None else int(tokens),
+                cost_usd=None if cost is None else float(cost),
+                mean_duration_sec=durations.mean,
+                paired_difference=difference,
             )
         )
     return summaries
 
 
-def summarize_contents(contents: RunContents) -> RunSummary:
-    """Summarize what `read_run` returned."""
-    experiment, _ = experiment_from_data(
-        contents.experiment, str(contents.run_dir / "experiment.json")
-    )
+def summarize_source(source: AttemptSource) -> RunSummary:
+    """Summarize a run from its attempt source (damaged records are listed, not used)."""
+    experiment, _ = experiment_from_data(source.experiment_document(), source.experiment_origin)
     expansion = expand(experiment)
     cap = experiment.spec.execution.max_infra_retries
+    records = source.records()
+    interrupted = source.interrupted()
     rows = []
     for cell in expansion.cells:
-        attempts = contents.attempts(cell.id)
+        attempts = list(records.get(cell.id, ()))
         rows.append(
             CellRow(
                 cell_id=cell.id,
@@ -156,32 +173,34 @@ def summarize_contents(contents: RunContents) -> RunSummary:
                 subject_id=cell.subject_id,
                 state=cell_state([a.status for a in attempts], cap),
                 attempts=len(attempts),
-                interrupted=len(contents.interrupted.get(cell.id, [])),
+                interrupted=len(interrupted.get(cell.id, ())),
                 selected=select_result(attempts),
                 last=attempts[-1] if attempts else None,
             )
         )
-    every = [r for records in contents.records.values() for r in records]
+    every = [r for cell_records in records.values() for r in cell_records]
     budget = experiment.spec.budget
-    lock, info = inspect_lock(contents.run_dir)
+    writer: WriterView | None = source.writer()
     return RunSummary(
-        run_dir=str(contents.run_dir),
-        run_id=contents.run_id,
+        run_dir=source.location,
+        run_id=source.run_id,
         experiment=experiment,
         expansion=expansion,
         cells=tuple(rows),
-        subjects=tuple(_subject_summaries(expansion, rows, contents.records)),
+        subjects=tuple(_subject_summaries(expansion, rows)),
         budget=budget_state(budget.max_cost_usd, budget.max_tokens, (r.spending() for r in every)),
-        lock=lock,
-        lock_info=info,
+        lock=writer.state if writer else LockState.FREE,
+        lock_info=writer.info if writer else None,
         attempts=len(every),
         attempt_counts=dict(Counter(r.status.value for r in every)),
+        damaged=tuple(source.damaged()),
+        has_writer_lock=writer is not None,
     )
 
 
-def summarize(run_dir: str) -> RunSummary:
+def summarize(run_dir: str | Path) -> RunSummary:
     """Read a run directory and summarize it."""
-    return summarize_contents(read_run(Path(run_dir)))
+    return summarize_source(RunDirectorySource(run_dir))
 
 
 def result_rows(summary: RunSummary) -> list[dict[str, Any]]:

@@ -7,7 +7,9 @@ are printed as messages naming the field and the fix, never as tracebacks.
 from __future__ import annotations
 
 import enum
+import errno
 import os
+import shutil
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -17,12 +19,13 @@ from rich.console import Console
 from rich.markup import escape
 
 from maka_eval import __version__
-from maka_eval.analysis.summary import summarize
+from maka_eval.analysis.source import RunDirectorySource
+from maka_eval.analysis.summary import RunSummary, summarize_source
 from maka_eval.cli import render
 from maka_eval.cli.progress import RunProgress
 from maka_eval.engine.expand import expand
 from maka_eval.errors import MakaEvalError
-from maka_eval.local.executor import LocalRun, RunOptions
+from maka_eval.local.executor import LocalRun, RunOptions, RunReport
 from maka_eval.local.prerequisites import check_prerequisites
 from maka_eval.spec.load import LoadedExperiment, load_experiment_file
 from maka_eval.spec.task_directory import TaskDefinition, load_tasks
@@ -35,6 +38,8 @@ app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    # Plain help: typer's rich panels label every option with a Python type, flags too.
+    rich_markup_mode=None,
 )
 # Tables stay readable in logs and pipes, where rich would otherwise assume 80 columns.
 out = Console(width=None if sys.stdout.isatty() else 160)
@@ -77,7 +82,8 @@ def _load(experiment: Path) -> tuple[LoadedExperiment, dict[str, TaskDefinition]
 @app.command()
 def validate(
     experiment: Annotated[
-        Path, typer.Argument(help="Experiment file (YAML or JSON, either form).")
+        Path,
+        typer.Argument(metavar="EXPERIMENT", help="Experiment file (YAML or JSON, either form)."),
     ],
     cells: Annotated[bool, typer.Option("--cells", help="Also list every cell id.")] = False,
 ) -> None:
@@ -98,15 +104,18 @@ def validate(
 @app.command()
 def run(
     experiment: Annotated[
-        Path, typer.Argument(help="Experiment file (YAML or JSON, either form).")
+        Path,
+        typer.Argument(metavar="EXPERIMENT", help="Experiment file (YAML or JSON, either form)."),
     ],
     out_dir: Annotated[
-        Path, typer.Option("--out", "-o", help="Run directory (created or resumed).")
+        Path,
+        typer.Option("--out", "-o", metavar="DIR", help="Run directory (created or resumed)."),
     ],
     cell: Annotated[
         list[str] | None,
         typer.Option(
             "--cell",
+            metavar="CELL_ID",
             help="Append one attempt to just this cell (<task>::<rep>::<subject>); repeatable.",
         ),
     ] = None,
@@ -114,7 +123,11 @@ def run(
         bool, typer.Option("--force", help="With --cell: also re-run cells that have a result.")
     ] = False,
     keep_workspaces: Annotated[
-        bool, typer.Option("--keep-workspaces", help="Keep each attempt's workspace for debugging.")
+        bool,
+        typer.Option(
+            "--keep-workspaces",
+            help="Keep each attempt's workspace for debugging (the folder is printed).",
+        ),
     ] = False,
 ) -> None:
     """Run every cell locally (or resume), with live progress; print the results."""
@@ -122,15 +135,18 @@ def run(
     options = RunOptions(cells=tuple(cell or ()), force=force, keep_workspaces=keep_workspaces)
     with RunProgress(out) as progress:
         report = LocalRun(loaded, tasks, out_dir, options=options, events=progress).run()
-    summary = summarize(str(out_dir))
+    summary = _summary(out_dir)
     out.print(render.subjects_table(summary.subjects, title=f"Results: {out_dir}", bar=_wide()))
     if report.held_by_budget:
         out.print(
             f"[yellow]budget reached ({report.budget.describe() if report.budget else ''}): "
             f"{report.held_by_budget} task group(s) were not started[/yellow]"
         )
+    if keep_workspaces:
+        _say_where_workspaces_are(report)
     if report.cancelled:
-        err.print(
+        # On stdout like the progress it ends, so the story cannot interleave out of order.
+        out.print(
             f"[magenta]cancelled[/magenta]: running attempts were recorded as cancelled. "
             f"Re-run the same command to resume: maka-eval run {experiment} --out {out_dir}"
         )
@@ -143,23 +159,51 @@ def run(
     out.print(f"[dim]details: maka-eval results {out_dir}[/dim]")
 
 
+def _summary(run_dir: Path) -> RunSummary:
+    """Summarize a run directory; damaged records are warned about (stderr) and skipped."""
+    summary = summarize_source(RunDirectorySource(run_dir))
+    if summary.damaged:
+        err.print(
+            f"[yellow]warning:[/yellow] {len(summary.damaged)} damaged attempt record(s) "
+            "left out of these results (maka-eval never rewrites a record; a writer refuses "
+            "to resume until they are moved out of the run directory):",
+            highlight=False,
+        )
+        for problem in summary.damaged:
+            err.print(f"  - {problem}", highlight=False, markup=False, soft_wrap=True)
+    return summary
+
+
+def _say_where_workspaces_are(report: RunReport) -> None:
+    if report.work_dir is None:
+        return
+    out.print(
+        f"workspaces kept in {report.work_dir} "
+        "(one folder per attempt: <task>/<rep>/<subject>/<n>)",
+        highlight=False,
+        markup=False,
+        soft_wrap=True,
+    )
+
+
 @app.command()
 def status(
-    run_dir: Annotated[Path, typer.Argument(help="Run directory.")],
+    run_dir: Annotated[Path, typer.Argument(metavar="RUN_DIR", help="Run directory.")],
 ) -> None:
     """Show a run's cells (selected result per cell), subjects, budget and writer."""
-    out.print(render.status_view(summarize(str(run_dir)), bar=_wide()))
+    out.print(render.status_view(_summary(run_dir), bar=_wide()))
 
 
 @app.command()
 def results(
-    run_dir: Annotated[Path, typer.Argument(help="Run directory.")],
+    run_dir: Annotated[Path, typer.Argument(metavar="RUN_DIR", help="Run directory.")],
     fmt: Annotated[
-        OutputFormat, typer.Option("--format", "-f", help="Output format.")
+        OutputFormat,
+        typer.Option("--format", "-f", metavar="table|json|csv", help="Output format."),
     ] = OutputFormat.table,
 ) -> None:
     """Print the result map: each cell's earliest valid attempt, and per-subject summaries."""
-    summary = summarize(str(run_dir))
+    summary = _summary(run_dir)
     if fmt is OutputFormat.json:
         sys.stdout.write(render.results_json(summary) + "\n")
     elif fmt is OutputFormat.csv:
@@ -182,6 +226,35 @@ def unlock_command(
     out.print(f"removed the stale lock of {info.describe()}; run again to resume")
 
 
+def _plain(reason: str) -> str:
+    """'[Errno 28] No space left on device: 'x'' -> 'no space left on device'."""
+    text = reason.split("] ", 1)[1] if reason.startswith("[Errno") else reason
+    text = text.split(": '", 1)[0].split(': "', 1)[0]
+    return text[:1].lower() + text[1:]
+
+
+def describe_os_error(exc: OSError) -> str:
+    """One plain sentence naming the path, for an OSError or a shutil.Error (whose args
+    hold a list of (source, destination, reason) from a failed tree copy)."""
+    if isinstance(exc, shutil.Error) and exc.args and isinstance(exc.args[0], list):
+        failures = [f for f in exc.args[0] if isinstance(f, tuple) and len(f) == 3]
+        if failures:
+            src, dst, why = (str(part) for part in failures[0])
+            more = len(failures) - 1
+            tail = f" (and {more} more file{'s' if more > 1 else ''})" if more else ""
+            if "[Errno 28]" in why or "No space left on device" in why:
+                return f"no space left on device while writing {dst}{tail}"
+            return f"could not copy {src} to {dst}: {_plain(why)}{tail}"
+    path = exc.filename
+    if exc.errno == errno.ENOSPC:
+        return "no space left on device" + (f" while writing {path}" if path else "")
+    reason = _plain(exc.strerror or str(exc))
+    if path is None:
+        return reason
+    where = f"{path} -> {exc.filename2}" if exc.filename2 else str(path)
+    return f"{reason}: {where}"
+
+
 def main() -> None:
     """Console-script entry point: user mistakes become messages, never tracebacks."""
     try:
@@ -192,8 +265,7 @@ def main() -> None:
             err.print(f"  - {problem}", highlight=False, markup=False)
         sys.exit(exc.exit_code)
     except OSError as exc:  # the machine refused something: a path, a permission, disk space
-        where = f": {exc.filename}" if exc.filename else ""
-        err.print(f"[red]error:[/red] {escape(exc.strerror or str(exc))}{escape(where)}")
+        err.print(f"[red]error:[/red] {escape(describe_os_error(exc))}", highlight=False)
         sys.exit(2)
     except KeyboardInterrupt:  # before or after a run; during one, Ctrl-C cancels cleanly
         err.print("interrupted")

@@ -1,7 +1,11 @@
 """Live progress of `maka-eval run`: a bar and a per-subject table, updated as attempts end.
 
 On a terminal it is a rich Live display; elsewhere (CI logs, pipes) one line per
-finished attempt.
+finished attempt, counting the cells done (an attempt that will be retried or was
+cancelled does not finish its cell). Everything goes to one console, so a Ctrl-C reads
+in the order it happened: the stopping line, each cancelled attempt, then the summary
+the command prints after the run. An executor may deliver a cancelled attempt before
+its Cancelling event (they come from different threads); such lines wait for it.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from rich.table import Table
 from rich.text import Text
 
 from maka_eval.cli.render import STATUS_STYLE, fmt_score
+from maka_eval.engine.status import AttemptStatus
 from maka_eval.local.events import (
     AttemptFinished,
     AttemptStarted,
@@ -56,6 +61,8 @@ class RunProgress:
         self._started = time.monotonic()
         self._finished_cells = 0
         self._total = 0
+        self._cancelling = False
+        self._early_cancelled: list[Text] = []
 
     def __enter__(self) -> RunProgress:
         if self.console.is_terminal:
@@ -64,6 +71,8 @@ class RunProgress:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        with self._lock:
+            self._flush_cancelled()  # no Cancelling event came: keep the lines anyway
         if self._live is not None:
             self._live.update(self._render())
             self._live.__exit__(None, None, None)
@@ -87,6 +96,11 @@ class RunProgress:
             self._messages.append(text)
         else:
             self.console.print(text)
+
+    def _flush_cancelled(self) -> None:
+        for line in self._early_cancelled:
+            self._say(line)
+        self._early_cancelled.clear()
 
     def __call__(self, event: Event) -> None:
         with self._lock:
@@ -118,28 +132,23 @@ class RunProgress:
             record = event.record
             p = self._subjects[record.subject_id]
             p.running -= 1
-            status = record.result.status.value
-            if not event.will_retry:
+            status = record.result.status
+            cancelled = status is AttemptStatus.CANCELLED
+            if not event.will_retry and not cancelled:
                 self._finished_cells += 1
                 self._progress.advance(self._task)
-                if record.status.is_result:
+                if status.is_result:
                     p.done += 1
                     if record.result.score is not None:
                         p.scores.append(record.result.score)
-                if status != "completed" and status != "cancelled":
+                if status is not AttemptStatus.COMPLETED:
                     p.failed += 1
-            if self._live is None:
-                retry = " (retrying)" if event.will_retry else ""
-                line = Text(
-                    f"[{self._finished_cells}/{self._total}] {record.cell_id} #{record.attempt} "
-                )
-                line.append(status, style=STATUS_STYLE.get(status, ""))
-                line.append(
-                    f" score={fmt_score(record.result.score)}"
-                    f" {record.result.duration_sec:.2f}s{retry}"
-                )
-                if record.result.reason and not record.status.is_result:
-                    line.append(f"  {record.result.reason}", style="dim")
+            line = self._attempt_line(event)
+            if cancelled and not self._cancelling:
+                self._early_cancelled.append(line)
+            elif cancelled:
+                self._say(line)  # on a terminal too: the run's end is told line by line
+            elif self._live is None:
                 self.console.print(line)
         elif isinstance(event, BudgetReached):
             self._say(
@@ -150,6 +159,7 @@ class RunProgress:
                 )
             )
         elif isinstance(event, Cancelling):
+            self._cancelling = True
             self._say(
                 Text(
                     f"stopping: quiescing {event.running_attempts} running attempt(s) and "
@@ -157,3 +167,20 @@ class RunProgress:
                     style="magenta",
                 )
             )
+            self._flush_cancelled()
+
+    def _attempt_line(self, event: AttemptFinished) -> Text:
+        """`[2/24 cells done] task::1::subject #1 completed score=1.000 0.52s`."""
+        record = event.record
+        status = record.result.status.value
+        retry = " (retrying)" if event.will_retry else ""
+        line = Text(
+            f"[{self._finished_cells}/{self._total} cells done] {record.cell_id} #{record.attempt} "
+        )
+        line.append(status, style=STATUS_STYLE.get(status, ""))
+        line.append(
+            f" score={fmt_score(record.result.score)} {record.result.duration_sec:.2f}s{retry}"
+        )
+        if record.result.reason and not record.status.is_result:
+            line.append(f"  {record.result.reason}", style="dim")
+        return line

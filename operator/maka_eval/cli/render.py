@@ -13,7 +13,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from maka_eval.analysis.summary import RunSummary, SubjectSummary, result_rows
+from maka_eval.analysis.summary import PairedDifference, RunSummary, SubjectSummary, result_rows
 from maka_eval.engine.expand import Expansion
 from maka_eval.engine.selection import CellState
 from maka_eval.spec.load import LoadedExperiment
@@ -91,8 +91,16 @@ def expansion_view(loaded: LoadedExperiment, expansion: Expansion) -> Renderable
 def subjects_table(
     subjects: Sequence[SubjectSummary], title: str = "Subjects", *, bar: bool = True
 ) -> Table:
-    """Per-subject summary; 'paired' uses only task groups where every subject has a result."""
-    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    """Per-subject summary; 'paired' uses only task groups where every subject has a result;
+    tokens, cost and time are those of the selected attempts ('-': none reported)."""
+    table = Table(
+        title=title,
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        caption="tokens, cost, time: of each cell's selected attempt (the budget counts all)",
+        caption_justify="left",
+    )
     table.add_column("subject", style="bold", no_wrap=True)
     for name in ("n", "ok/fail", "mean ± s.e."):
         table.add_column(name, justify="right", no_wrap=True)
@@ -101,7 +109,7 @@ def subjects_table(
     for name in ("paired (n)", "tokens", "cost", "time"):
         table.add_column(name, justify="right", no_wrap=True)
     for s in subjects:
-        spread = f" ± {s.stderr:.3f}" if s.stderr is not None else ""
+        spread = f" ± {s.sem:.3f}" if s.sem is not None else ""
         cells: list[RenderableType] = [
             s.subject_id,
             f"{s.results}/{s.cells}",
@@ -112,8 +120,8 @@ def subjects_table(
             cells.append(_score_bar(s.mean_score))
         cells += [
             f"{fmt_score(s.paired_mean_score)} ({s.paired_n})",
-            f"{s.tokens:,}" if s.tokens else "-",
-            fmt_cost(s.cost_usd) if s.cost_usd else "-",
+            f"{s.tokens:,}" if s.tokens is not None else "-",
+            fmt_cost(s.cost_usd),
             f"{s.mean_duration_sec:.2f}s" if s.mean_duration_sec is not None else "-",
         ]
         table.add_row(*cells)
@@ -174,7 +182,8 @@ def status_view(summary: RunSummary, *, bar: bool = True) -> RenderableType:
         )
     else:
         writer = "none (not running)"
-    head.add_row("writer", writer)
+    if summary.has_writer_lock:
+        head.add_row("writer", writer)
     pending = summary.count(CellState.PENDING)
     exhausted = summary.count(CellState.EXHAUSTED)
     head.add_row(
@@ -186,10 +195,15 @@ def status_view(summary: RunSummary, *, bar: bool = True) -> RenderableType:
     interrupted = sum(r.interrupted for r in summary.cells)
     extra = f", {interrupted} interrupted (writer died)" if interrupted else ""
     head.add_row("attempts", f"{summary.attempts} recorded ({counts or 'none'}){extra}")
+    if summary.damaged:
+        head.add_row(
+            "damaged",
+            f"[red]{len(summary.damaged)} record(s) left out[/red] (each is named in the warning)",
+        )
     budget_line = summary.budget.describe()
     if summary.budget.exhausted and pending:
         budget_line += f"  [yellow]budget reached: {pending} cell(s) will not start[/yellow]"
-    head.add_row("budget", budget_line)
+    head.add_row("budget (all attempts)", budget_line)
     hints = []
     if exhausted:
         hints.append(
@@ -241,6 +255,12 @@ def results_table(summary: RunSummary, *, bar: bool = True) -> RenderableType:
     return Group(*parts)
 
 
+def _difference_json(d: PairedDifference | None) -> dict[str, Any] | None:
+    if d is None:
+        return None
+    return {"baseline": d.baseline, "n": d.n, "mean": d.mean, "sem": d.sem}
+
+
 def results_json(summary: RunSummary) -> str:
     """The result map, per-subject summaries and cells without a result, as JSON."""
     subjects = [
@@ -252,9 +272,10 @@ def results_json(summary: RunSummary) -> str:
             "subjectFailed": s.subject_failed,
             "withoutResult": s.without_result,
             "meanScore": s.mean_score,
-            "stderr": s.stderr,
+            "sem": s.sem,
             "pairedN": s.paired_n,
             "pairedMeanScore": s.paired_mean_score,
+            "pairedDifference": _difference_json(s.paired_difference),
             "tokens": s.tokens,
             "costUsd": s.cost_usd,
             "meanDurationSec": s.mean_duration_sec,
@@ -271,7 +292,10 @@ def results_json(summary: RunSummary) -> str:
             if r.selected is None
         ],
         "subjects": subjects,
+        # What every attempt spent (failed, retried, cancelled too): the shared budget.
+        # Per-subject tokens and costUsd above count selected attempts only.
         "budget": {
+            "counts": "every attempt",
             "maxCostUsd": summary.budget.max_cost_usd,
             "maxTokens": summary.budget.max_tokens,
             "spentCostUsd": summary.budget.spent_cost_usd,

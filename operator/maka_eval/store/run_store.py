@@ -30,7 +30,7 @@ from maka_eval.contract.record import AttemptRecord
 from maka_eval.engine.expand import cell_id
 from maka_eval.errors import Problem, StoreError
 from maka_eval.spec.documents import DocumentError, parse_json
-from maka_eval.store.lock import WriterLock
+from maka_eval.store.lock import LOCK_NAME, WriterLock
 from maka_eval.store.records import RUN_FORMAT, run_document
 
 EXPERIMENT_FILE = "experiment.json"
@@ -148,6 +148,9 @@ class RunContents:
     document: Mapping[str, Any]
     records: dict[str, list[AttemptRecord]] = field(default_factory=dict)
     interrupted: dict[str, list[int]] = field(default_factory=dict)
+    damaged: list[Problem] = field(default_factory=list)
+    """Records that cannot be trusted (unparsable, moved, another run's), each naming its
+    file; they are left out of `records`. Readers report them; a writer refuses them."""
 
     @property
     def run_id(self) -> str:
@@ -185,10 +188,12 @@ def _read_document(run_dir: Path) -> dict[str, Any]:
 
 
 def read_run(run_dir: Path) -> RunContents:
-    """Read experiment.json and every attempt record; StoreError lists damaged records."""
+    """Read experiment.json and every attempt record. Damaged records are collected in
+    `contents.damaged` and left out, so one bad file does not hide every other result;
+    StoreError only when experiment.json itself is missing or unreadable."""
     run_dir = Path(run_dir)
     contents = RunContents(run_dir, _read_document(run_dir))
-    problems: list[Problem] = []
+    problems = contents.damaged
     cells_root = run_dir / CELLS_DIR
     for attempts_dir in sorted(cells_root.glob("*/*/*/attempts")):
         rel = attempts_dir.parent.relative_to(cells_root).parts
@@ -197,6 +202,9 @@ def read_run(run_dir: Path) -> RunContents:
         for entry in sorted(attempts_dir.iterdir()):
             if entry.name.startswith(_TMP_PREFIX) or not entry.name.endswith(".json"):
                 continue
+            stem = entry.name.removesuffix(".json")
+            if stem.isdigit():  # a record, damaged or not, is not an interrupted attempt
+                numbers_with_records.add(int(stem))
             try:
                 record = AttemptRecord.from_json(entry.read_bytes())
             except (ContractError, OSError) as exc:
@@ -217,7 +225,6 @@ def read_run(run_dir: Path) -> RunContents:
                 problems.append(Problem(str(entry), "belongs to a different run"))
                 continue
             contents.records.setdefault(cell, []).append(record)
-            numbers_with_records.add(record.attempt)
         for entry in attempts_dir.iterdir():
             if (
                 entry.is_dir()
@@ -225,16 +232,22 @@ def read_run(run_dir: Path) -> RunContents:
                 and int(entry.name) not in numbers_with_records
             ):
                 contents.interrupted.setdefault(cell, []).append(int(entry.name))
-    if problems:
-        raise StoreError(
-            f"{run_dir} holds damaged attempt records (maka-eval never rewrites a record):",
-            problems,
-        )
     for records in contents.records.values():
         records.sort(key=lambda r: r.attempt)
     for numbers in contents.interrupted.values():
         numbers.sort()
     return contents
+
+
+def require_intact(contents: RunContents) -> None:
+    """Refuse (StoreError naming each file) a run holding damaged records: a writer must
+    not add attempts next to records it cannot trust."""
+    if contents.damaged:
+        raise StoreError(
+            f"{contents.run_dir} holds damaged attempt records (maka-eval never rewrites a "
+            "record); move them out of the run directory, or run into a new --out directory:",
+            contents.damaged,
+        )
 
 
 class RunWriter:
@@ -260,20 +273,35 @@ class RunWriter:
                 f"{run_dir} exists and is not a directory:",
                 [Problem(str(run_dir), "choose another --out")],
             )
-        if run_dir.is_dir() and any(run_dir.iterdir()) and not (run_dir / EXPERIMENT_FILE).exists():
-            raise StoreError(
-                f"{run_dir} is not empty and is not a maka-eval run directory:",
-                [Problem(str(run_dir), "choose an empty or new directory for --out")],
-            )
+        path = run_dir / EXPERIMENT_FILE
+        if run_dir.is_dir() and not path.exists():
+            # What a writer killed before it wrote experiment.json can leave is no reason
+            # to refuse; anything else is somebody else's folder.
+            foreign = [
+                p.name
+                for p in run_dir.iterdir()
+                if not (p.name.startswith(_TMP_PREFIX) or p.name == LOCK_NAME)
+            ]
+            if foreign:
+                raise StoreError(
+                    f"{run_dir} is not empty and is not a maka-eval run directory:",
+                    [Problem(str(run_dir), "choose an empty or new directory for --out")],
+                )
         run_dir.mkdir(parents=True, exist_ok=True)
+        if not path.exists():
+            # Written before the lock is taken, so that a writer killed at any moment
+            # leaves a directory the next run can resume (or `unlock` can prove stale).
+            document = run_document("run-" + random.token_hex(8), identity.document(), version)
+            with contextlib.suppress(FileExistsError):  # a concurrent first run won
+                write_exclusive(path, (json.dumps(document, indent=2) + "\n").encode())
         lock = WriterLock(run_dir)
         lock.acquire()
         try:
-            path = run_dir / EXPERIMENT_FILE
-            if not path.exists():
-                document = run_document("run-" + random.token_hex(8), identity.document(), version)
-                write_exclusive(path, (json.dumps(document, indent=2) + "\n").encode())
+            for tmp in run_dir.glob(f"{_TMP_PREFIX}*"):
+                with contextlib.suppress(FileNotFoundError):
+                    tmp.unlink()
             contents = read_run(run_dir)
+            require_intact(contents)
             cls._check_identity(run_dir, contents.document, identity)
             writer = cls(run_dir, contents, lock)
             writer._remove_temporary_files()
