@@ -97,14 +97,16 @@ echo 1 > "$MAKA_EVAL_VERIFIER_LOGS_DIR/reward.txt"
 TARGET_THROUGHPUT_RATIO = 1.5
 TARGET_CONCURRENCY = 16
 OVERHEAD_CONCURRENCY = 1
+MAX_SLOWDOWN = 0.10  # against the baseline ref, single-arm, measured side by side
 
 
 # -- the workload -----------------------------------------------------------------------
-def experiment_text(cells: int, concurrency: int) -> str:
-    """The bare-form experiment: 1 task x `cells` repetitions x 1 no-op subject."""
+def experiment_text(cells: int, concurrency: int, arms: int = 1) -> str:
+    """The bare-form experiment: 1 task x `cells / arms` repetitions x `arms` no-op
+    subjects (every task group has `arms` arms; `cells` cells in all)."""
     document = {
         "schemaVersion": "maka.eval.v1",
-        "id": f"local-overhead-c{concurrency}",
+        "id": f"local-overhead-a{arms}-c{concurrency}",
         "benchmark": {
             "id": "local-overhead",
             "version": "1",
@@ -114,12 +116,13 @@ def experiment_text(cells: int, concurrency: int) -> str:
         "tasks": [{"id": TASK_ID}],
         "subjects": [
             {
-                "id": SUBJECT_ID,
+                "id": SUBJECT_ID if arms == 1 else f"{SUBJECT_ID}-{i}",
                 "kind": "external",
                 "config": {"command": "true", "resultContract": "exit-code"},
             }
+            for i in range(arms)
         ],
-        "repetitions": cells,
+        "repetitions": cells // arms,
         "executor": {"kind": "local"},
         "execution": {"maxConcurrentTaskGroups": concurrency},
         "verifier": {"kind": "harbor", "config": {"scoreKey": "reward"}},
@@ -138,11 +141,11 @@ def write_task(root: Path) -> None:
 
 
 def load_workload(
-    root: Path, cells: int, concurrency: int
+    root: Path, cells: int, concurrency: int, arms: int = 1
 ) -> tuple[LoadedExperiment, dict[str, TaskDefinition]]:
     """Write the experiment next to the task folder and load both as `maka-eval run` would."""
-    text = experiment_text(cells, concurrency)
-    source = root / f"experiment-c{concurrency}.json"
+    text = experiment_text(cells, concurrency, arms)
+    source = root / f"experiment-a{arms}-c{concurrency}.json"
     source.write_text(text, encoding="utf-8")
     loaded = load_experiment_text(text, str(source), root)
     return loaded, load_tasks(loaded.experiment, loaded.base_dir)
@@ -171,6 +174,8 @@ class MakaResult:
     concurrency: int
     wall_s: float
     run_dir: Path
+    arms: int = 1
+    cpu_s: float = 0.0
     cycle_overhead_s: list[float] = field(default_factory=list)
     relay_overhead_s: list[float] = field(default_factory=list)
     phases_s: dict[str, list[float]] = field(default_factory=dict)
@@ -208,14 +213,16 @@ def check_durable(run_dir: Path, cells: int) -> None:
         raise SystemExit(f"local-overhead: the run in {run_dir} is not what was asked:\n  {shown}")
 
 
-def run_maka(root: Path, cells: int, concurrency: int) -> MakaResult:
-    """Run the workload once at `concurrency` into a fresh run directory under `root`."""
-    loaded, tasks = load_workload(root, cells, concurrency)
-    run_dir = root / f"run-c{concurrency}"
+def run_maka(root: Path, cells: int, concurrency: int, arms: int = 1) -> MakaResult:
+    """Run the workload once into a fresh run directory under `root`."""
+    loaded, tasks = load_workload(root, cells, concurrency, arms)
+    run_dir = root / f"run-a{arms}-c{concurrency}"
     sink = FinishStamps()
+    cpu0 = time.process_time()
     started = time.perf_counter()
     report = LocalRun(loaded, tasks, run_dir, events=sink).run()
     wall_s = time.perf_counter() - started
+    cpu_s = time.process_time() - cpu0
 
     if report.cancelled or report.attempts != cells or len(sink.finished) != cells:
         raise SystemExit(
@@ -226,17 +233,71 @@ def run_maka(root: Path, cells: int, concurrency: int) -> MakaResult:
         raise SystemExit("local-overhead: an attempt asked for a retry (infrastructure failure)")
     check_durable(run_dir, cells)
 
-    result = MakaResult(cells, concurrency, wall_s, run_dir)
+    result = MakaResult(cells, concurrency, wall_s, run_dir, arms, cpu_s)
     finished = sorted(sink.finished, key=lambda item: item[0])
     if concurrency == 1:
-        for (before, _, _), (stamp, record, _) in itertools.pairwise(finished):
-            result.cycle_overhead_s.append((stamp - before) - _execution_sec(record))
+        # One group at a time: a group's cycle runs from the previous group's last record
+        # to its own last record; what it spends beyond its slowest arm's execution is
+        # overhead, shared by its `arms` attempts.
+        groups: dict[int, list[tuple[float, AttemptRecord]]] = {}
+        for stamp, record, _ in finished:
+            groups.setdefault(record.repetition, []).append((stamp, record))
+        ends = sorted(
+            (max(st for st, _ in members), max(_execution_sec(r) for _, r in members))
+            for members in groups.values()
+        )
+        for (before, _), (end, slowest) in itertools.pairwise(ends):
+            result.cycle_overhead_s.append(((end - before) - slowest) / arms)
     records = [record for _, record, _ in finished]
     result.relay_overhead_s = [r.timings["totalSec"] - _execution_sec(r) for r in records]
     result.execution_s = [_execution_sec(r) for r in records]
     for name in ("prepareSec", "subjectSec", "verifierSec", "cleanupSec", "totalSec"):
         result.phases_s[name] = [r.timings[name] for r in records]
     return result
+
+
+def run_baseline(ref: str, cells: int, concurrencies: list[int]) -> dict[str, Any]:
+    """Run REF's own benchmark (single-arm, maka-eval only) from a git worktree, in this
+    invocation, and return its JSON summary: the before of a before/after comparison."""
+    repo = BENCH_DIR.parent
+    tree = Path(tempfile.mkdtemp(prefix="maka-baseline-"))
+    subprocess.run(
+        ["git", "-C", str(repo), "worktree", "add", "--detach", "-q", str(tree), ref],
+        check=True,
+    )
+    try:
+        env = {**os.environ, "PYTHONPATH": str(tree / "operator")}
+        proc = subprocess.run(
+            [
+                sys.executable,
+                str(tree / "bench" / "local_overhead.py"),
+                "--skip-inspect",
+                "--json",
+                "--cells",
+                str(cells),
+                "--concurrency",
+                ",".join(map(str, concurrencies)),
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+            check=False,
+        )
+        lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+        if proc.returncode != 0 or not lines:
+            raise SystemExit(f"local-overhead: the baseline {ref} failed:\n{proc.stderr[-3000:]}")
+        result: dict[str, Any] = json.loads(lines[-1])
+        result["ref"] = subprocess.run(
+            ["git", "-C", str(repo), "rev-parse", "--short", ref],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        return result
+    finally:
+        subprocess.run(
+            ["git", "-C", str(repo), "worktree", "remove", "--force", str(tree)], check=False
+        )
 
 
 # -- measuring Inspect AI ---------------------------------------------------------------
@@ -284,31 +345,39 @@ def _dist_ms(values: list[float]) -> dict[str, float] | None:
 
 
 def summary(
-    cells: int, maka: dict[int, MakaResult], inspect: dict[int, dict[str, Any]]
+    cells: int,
+    maka: dict[tuple[int, int], MakaResult],
+    inspect: dict[int, dict[str, Any]],
+    baseline: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The machine-readable result: per concurrency figures and the two verdicts."""
+    """The machine-readable result: figures per (arms, concurrency) and the verdicts.
+
+    Inspect has no task groups; it is compared at the same total cell count and the same
+    number of executions in flight (groups x arms).
+    """
     rows = []
-    for c, m in maka.items():
-        peer = inspect.get(c)
-        rows.append(
-            {
-                "concurrency": c,
-                "maka_eval": {
-                    "wall_s": round(m.wall_s, 4),
-                    "cells_per_s": round(m.cells_per_s, 2),
-                    "cycle_overhead_ms": _dist_ms(m.cycle_overhead_s),
-                    "in_relay_overhead_ms": _dist_ms(m.relay_overhead_s),
-                    "phase_median_ms": {k: ms(statistics.median(v)) for k, v in m.phases_s.items()},
-                },
-                "inspect_ai": peer,
-                "throughput_ratio": (
-                    round(m.cells_per_s / peer["samples_per_s"], 3) if peer else None
-                ),
-            }
-        )
-        if c == 1:
+    for (arms, c), m in maka.items():
+        peer = inspect.get(c * arms)
+        row: dict[str, Any] = {
+            "arms": arms,
+            "concurrency": c,
+            "in_flight": c * arms,
+            "maka_eval": {
+                "wall_s": round(m.wall_s, 4),
+                "cpu_s": round(m.cpu_s, 3),
+                "cpu_ms_per_cell": round(1e3 * m.cpu_s / m.cells, 3),
+                "cells_per_s": round(m.cells_per_s, 2),
+                "cycle_overhead_ms": _dist_ms(m.cycle_overhead_s),
+                "in_relay_overhead_ms": _dist_ms(m.relay_overhead_s),
+                "phase_median_ms": {k: ms(statistics.median(v)) for k, v in m.phases_s.items()},
+            },
+            "inspect_ai": peer,
+            "throughput_ratio": (round(m.cells_per_s / peer["samples_per_s"], 3) if peer else None),
+        }
+        rows.append(row)
+        if c == 1 and arms == 1:
             # Like-for-like at concurrency 1: wall per cell minus the median exec time.
-            rows[-1]["maka_eval"]["amortised_overhead_ms"] = ms(
+            row["maka_eval"]["amortised_overhead_ms"] = ms(
                 m.wall_s / m.cells - statistics.median(m.execution_s)
             )
             if peer:
@@ -319,20 +388,57 @@ def summary(
     def verdict(passed: bool | None) -> str:
         return "n/a" if passed is None else ("PASS" if passed else "MISS")
 
-    # (a) per-attempt overhead at concurrency 1 below Inspect's (medians).
-    a_maka = maka.get(OVERHEAD_CONCURRENCY)
-    a_peer = inspect.get(OVERHEAD_CONCURRENCY)
-    a_value = (
-        ms(statistics.median(a_maka.cycle_overhead_s))
-        if a_maka is not None and a_maka.cycle_overhead_s
-        else None
-    )
-    a_pass = a_value < a_peer["overhead_ms_median"] if a_value is not None and a_peer else None
-    # (b) cells/s at concurrency 16 at least 1.5x Inspect's samples/s.
-    b_maka = maka.get(TARGET_CONCURRENCY)
-    b_peer = inspect.get(TARGET_CONCURRENCY)
-    b_ratio = round(b_maka.cells_per_s / b_peer["samples_per_s"], 3) if b_maka and b_peer else None
-    b_pass = b_ratio >= TARGET_THROUGHPUT_RATIO if b_ratio is not None else None
+    verdicts: dict[str, Any] = {}
+    for arms in sorted({a for a, _ in maka}):
+        # (a) per-attempt overhead at concurrency 1 below Inspect's per-sample median.
+        a_maka = maka.get((arms, OVERHEAD_CONCURRENCY))
+        a_peer = inspect.get(OVERHEAD_CONCURRENCY * arms)
+        a_value = (
+            ms(statistics.median(a_maka.cycle_overhead_s))
+            if a_maka is not None and a_maka.cycle_overhead_s
+            else None
+        )
+        a_pass = a_value < a_peer["overhead_ms_median"] if a_value is not None and a_peer else None
+        verdicts[f"overhead_a{arms}_c1"] = {
+            "target": f"{arms}-arm groups: median overhead per attempt at concurrency "
+            f"{OVERHEAD_CONCURRENCY} < Inspect's median per sample",
+            "maka_eval_ms": a_value,
+            "inspect_ms": a_peer["overhead_ms_median"] if a_peer else None,
+            "verdict": verdict(a_pass),
+        }
+        # (b) cells/s at concurrency 16 at least 1.5x Inspect's samples/s.
+        b_maka = maka.get((arms, TARGET_CONCURRENCY))
+        b_peer = inspect.get(TARGET_CONCURRENCY * arms)
+        b_ratio = (
+            round(b_maka.cells_per_s / b_peer["samples_per_s"], 3) if b_maka and b_peer else None
+        )
+        verdicts[f"throughput_a{arms}_c16"] = {
+            "target": f"{arms}-arm groups: cells/s at {TARGET_CONCURRENCY} groups >= "
+            f"{TARGET_THROUGHPUT_RATIO}x Inspect's samples/s at {TARGET_CONCURRENCY * arms} "
+            "samples in flight",
+            "ratio": b_ratio,
+            "verdict": verdict(b_ratio >= TARGET_THROUGHPUT_RATIO if b_ratio else None),
+        }
+    comparison = []
+    if baseline is not None:
+        for old in baseline["rows"]:
+            now = maka.get((1, old["concurrency"]))
+            if now is None:
+                continue
+            ratio = now.cells_per_s / old["maka_eval"]["cells_per_s"]
+            comparison.append(
+                {
+                    "concurrency": old["concurrency"],
+                    "baseline_cells_per_s": old["maka_eval"]["cells_per_s"],
+                    "cells_per_s": round(now.cells_per_s, 2),
+                    "ratio": round(ratio, 3),
+                    "baseline_cycle_ms": (old["maka_eval"]["cycle_overhead_ms"] or {}).get(
+                        "median"
+                    ),
+                    "cycle_ms": (_dist_ms(now.cycle_overhead_s) or {}).get("median"),
+                    "verdict": verdict(ratio >= 1 - MAX_SLOWDOWN),
+                }
+            )
     return {
         "cells": cells,
         "maka_eval_version": MAKA_EVAL_VERSION,
@@ -340,21 +446,8 @@ def summary(
         "python": platform.python_version(),
         "cpus": os.cpu_count(),
         "rows": rows,
-        "verdicts": {
-            "overhead_c1": {
-                "target": f"maka-eval median overhead at concurrency {OVERHEAD_CONCURRENCY} "
-                "< Inspect's median",
-                "maka_eval_ms": a_value,
-                "inspect_ms": a_peer["overhead_ms_median"] if a_peer else None,
-                "verdict": verdict(a_pass),
-            },
-            "throughput_c16": {
-                "target": f"maka-eval cells/s at concurrency {TARGET_CONCURRENCY} "
-                f">= {TARGET_THROUGHPUT_RATIO}x Inspect's samples/s",
-                "ratio": b_ratio,
-                "verdict": verdict(b_pass),
-            },
-        },
+        "verdicts": verdicts,
+        "baseline": {"ref": baseline["ref"], "rows": comparison} if baseline else None,
     }
 
 
@@ -371,49 +464,51 @@ def print_report(result: dict[str, Any]) -> None:
         f"Python {result['python']}, {result['cpus']} CPUs\n",
         file=out,
     )
-    header = (
-        f"{'concurrency':>11}  {'maka-eval cells/s':>17}  {'Inspect samples/s':>17}  {'ratio':>6}"
+    print("Throughput (cells or samples / wall time of the run call), side by side", file=out)
+    print(
+        f"{'arms':>4} {'groups':>6} {'in flight':>9}  {'maka-eval cells/s':>17}  "
+        f"{'CPU ms/cell':>11}  {'Inspect samples/s':>17}  {'ratio':>6}",
+        file=out,
     )
-    print("Throughput (cells or samples / wall time of the run call)", file=out)
-    print(header, file=out)
     for row in result["rows"]:
         peer = row["inspect_ai"]
+        m = row["maka_eval"]
         print(
-            f"{row['concurrency']:>11}  {row['maka_eval']['cells_per_s']:>17.2f}  "
+            f"{row['arms']:>4} {row['concurrency']:>6} {row['in_flight']:>9}  "
+            f"{m['cells_per_s']:>17.2f}  {m['cpu_ms_per_cell']:>11.2f}  "
             f"{_fmt(peer['samples_per_s'] if peer else None):>17}  "
             f"{_fmt(row['throughput_ratio'], 'x'):>6}",
             file=out,
         )
 
+    def pair(dist: dict[str, float] | None) -> str:
+        return "-" if dist is None else f"{dist['median']:.2f} / {dist['p95']:.2f}"
+
     print("\nPer-attempt overhead, ms (median / p95)", file=out)
     print(
-        f"{'concurrency':>11}  {'maka-eval cycle':>17}  {'maka-eval in-relay':>18}  "
+        f"{'arms':>4} {'groups':>6}  {'maka-eval cycle':>17}  {'maka-eval in-relay':>18}  "
         f"{'Inspect per-sample':>18}",
         file=out,
     )
     for row in result["rows"]:
         maka, peer = row["maka_eval"], row["inspect_ai"]
-
-        def pair(dist: dict[str, float] | None) -> str:
-            return "-" if dist is None else f"{dist['median']:.2f} / {dist['p95']:.2f}"
-
         inspect_pair = (
             f"{peer['overhead_ms_median']:.2f} / {peer['overhead_ms_p95']:.2f}" if peer else "-"
         )
         print(
-            f"{row['concurrency']:>11}  {pair(maka['cycle_overhead_ms']):>17}  "
+            f"{row['arms']:>4} {row['concurrency']:>6}  {pair(maka['cycle_overhead_ms']):>17}  "
             f"{pair(maka['in_relay_overhead_ms']):>18}  {inspect_pair:>18}",
             file=out,
         )
     print(
-        "  maka-eval cycle:    gap between consecutive AttemptFinished events (each after its\n"
-        "                      record is fsync'd) minus subjectSec + verifierSec; concurrency 1\n"
-        "                      only, first attempt skipped\n"
-        "  maka-eval in-relay: totalSec - subjectSec - verifierSec (prepare + cleanup only; no\n"
-        "                      scheduling, artifact copy or record commit)\n"
+        "  maka-eval cycle:    one group at a time: the gap between the last records of\n"
+        "                      consecutive groups (each fsync'd) minus the slowest arm's\n"
+        "                      subjectSec + verifierSec, divided by the arms; first group skipped\n"
+        "  maka-eval in-relay: totalSec - subjectSec - verifierSec (prepare, cleanup and the\n"
+        "                      relay's artifact storing; no scheduling or record commit)\n"
         "  Inspect per-sample: SampleInit..SampleEnd hook window minus time awaiting the two\n"
-        "                      sandbox().exec calls\n"
-        "  Above concurrency 1 the per-attempt figures are latency under load, not CPU cost.",
+        "                      sandbox().exec calls, at the same samples in flight\n"
+        "  Above one execution in flight the per-attempt figures are latency under load.",
         file=out,
     )
     for row in result["rows"]:
@@ -421,40 +516,50 @@ def print_report(result: dict[str, Any]) -> None:
             continue
         peer = row["inspect_ai"]
         print(
-            "  Like-for-like at concurrency 1: wall time / cells minus the median exec time\n"
-            "  (subjectSec + verifierSec; Inspect's exec_ms), both tools, so each one's\n"
-            "  once-per-run start-up and hand-over between cells count as overhead:\n"
-            f"    maka-eval {row['maka_eval']['amortised_overhead_ms']:.2f} ms, Inspect "
+            "  Like-for-like, 1 arm at concurrency 1: wall time / cells minus the median exec\n"
+            "  time, both tools: "
+            f"maka-eval {row['maka_eval']['amortised_overhead_ms']:.2f} ms, Inspect "
             f"{_fmt(peer['amortised_overhead_ms'] if peer else None, ' ms')} (not a target)",
             file=out,
         )
 
     print("\nmaka-eval phase medians from the records, ms", file=out)
     names = ("prepareSec", "subjectSec", "verifierSec", "cleanupSec", "totalSec")
-    print(f"{'concurrency':>11}  " + "  ".join(f"{n:>11}" for n in names), file=out)
+    print(f"{'arms':>4} {'groups':>6}  " + "  ".join(f"{n:>11}" for n in names), file=out)
     for row in result["rows"]:
         phases = row["maka_eval"]["phase_median_ms"]
         print(
-            f"{row['concurrency']:>11}  " + "  ".join(f"{phases[n]:>11.2f}" for n in names),
+            f"{row['arms']:>4} {row['concurrency']:>6}  "
+            + "  ".join(f"{phases[n]:>11.2f}" for n in names),
             file=out,
         )
-    inspect_exec = [
-        f"c={row['concurrency']}: {row['inspect_ai']['exec_ms_median']:.2f}"
-        for row in result["rows"]
-        if row["inspect_ai"]
-    ]
-    if inspect_exec:
-        print(f"  (Inspect exec time per sample, median ms: {', '.join(inspect_exec)})", file=out)
+
+    if result["baseline"]:
+        base = result["baseline"]
+        print(f"\nBefore and after, measured in this run (1 arm; baseline {base['ref']})", file=out)
+        print(
+            f"{'groups':>6}  {'baseline cells/s':>16}  {'now cells/s':>11}  {'ratio':>6}  "
+            f"{'baseline cycle ms':>17}  {'now cycle ms':>12}  verdict (<= "
+            f"{MAX_SLOWDOWN:.0%} slower)",
+            file=out,
+        )
+        for row in base["rows"]:
+            print(
+                f"{row['concurrency']:>6}  {row['baseline_cells_per_s']:>16.2f}  "
+                f"{row['cells_per_s']:>11.2f}  {row['ratio']:>6.3f}  "
+                f"{_fmt(row['baseline_cycle_ms']):>17}  {_fmt(row['cycle_ms']):>12}  "
+                f"{row['verdict']}",
+                file=out,
+            )
 
     print("\nTargets", file=out)
-    a = result["verdicts"]["overhead_c1"]
-    print(
-        f"  (a) {a['target']}: {_fmt(a['maka_eval_ms'], ' ms')} vs "
-        f"{_fmt(a['inspect_ms'], ' ms')}  {a['verdict']}",
-        file=out,
-    )
-    b = result["verdicts"]["throughput_c16"]
-    print(f"  (b) {b['target']}: {_fmt(b['ratio'], 'x')}  {b['verdict']}", file=out)
+    for name, v in result["verdicts"].items():
+        figure = (
+            f"{_fmt(v['maka_eval_ms'], ' ms')} vs {_fmt(v['inspect_ms'], ' ms')}"
+            if name.startswith("overhead")
+            else _fmt(v["ratio"], "x")
+        )
+        print(f"  {v['target']}: {figure}  {v['verdict']}", file=out)
     print(
         "  every maka-eval attempt record was read back from disk: one per cell, all completed",
         file=out,
@@ -505,30 +610,46 @@ def main() -> None:
     parser.add_argument(
         "--concurrency", type=_concurrencies, default=[1, 16], help='comma-separated ("1,16")'
     )
+    parser.add_argument(
+        "--arms", type=_concurrencies, default=[1, 2, 4], help='subjects per group ("1,2,4")'
+    )
     parser.add_argument("--skip-inspect", action="store_true", help="run maka-eval only")
+    parser.add_argument(
+        "--baseline",
+        metavar="REF",
+        help="also run REF's own benchmark (a git commit) in this invocation, side by side",
+    )
     parser.add_argument(
         "--run-root", help="folder for the workload and run directories (default: the temp dir)"
     )
     parser.add_argument("--keep", action="store_true", help="keep the run directories")
     parser.add_argument("--json", action="store_true", help="also print a JSON summary line")
     args = parser.parse_args()
+    for arms in args.arms:
+        if args.cells % arms:
+            parser.error(f"--cells {args.cells} is not a multiple of --arms {arms}")
 
     python = None
     if not args.skip_inspect:
         _note(f"preparing Inspect AI in {INSPECT_VENV}")
         python = inspect_env.ensure_inspect_python(INSPECT_VENV)
 
-    maka: dict[int, MakaResult] = {}
+    baseline = None
+    if args.baseline:
+        _note(f"baseline {args.baseline}: its own benchmark, 1 arm, {args.cells} cells")
+        baseline = run_baseline(args.baseline, args.cells, args.concurrency)
+    maka: dict[tuple[int, int], MakaResult] = {}
     inspect: dict[int, dict[str, Any]] = {}
     with _work_dir(args.run_root, args.keep) as root:
         write_task(root)
-        for c in args.concurrency:
-            _note(f"maka-eval, {args.cells} cells, concurrency {c}")
-            maka[c] = run_maka(root, args.cells, c)
-            if python is not None:
-                _note(f"Inspect AI, {args.cells} samples, concurrency {c}")
-                inspect[c] = run_inspect(python, args.cells, c)
-    result = summary(args.cells, maka, inspect)
+        for arms in args.arms:
+            for c in args.concurrency:
+                _note(f"maka-eval, {args.cells} cells, {arms} arm(s) per group, {c} group(s)")
+                maka[(arms, c)] = run_maka(root, args.cells, c, arms)
+                if python is not None and c * arms not in inspect:
+                    _note(f"Inspect AI, {args.cells} samples, {c * arms} in flight")
+                    inspect[c * arms] = run_inspect(python, args.cells, c * arms)
+    result = summary(args.cells, maka, inspect, baseline)
     print_report(result)
     if args.json:
         print(json.dumps(result))
