@@ -14,7 +14,7 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeVar
 
 from maka_eval import strict_json
 from maka_eval.contract.fields import ContractError, Fields, finite
@@ -153,11 +153,8 @@ class ResultKernel:
         f = Fields(obj, where, _KERNEL_KEYS)
         if f.raw("format") != KERNEL_FORMAT:
             raise ContractError(f"{f.path('format')}: must be '{KERNEL_FORMAT}'")
-        try:
-            status = AttemptStatus(f.required("status"))
-            source = StatusSource(f.required("statusSource"))
-        except (ValueError, TypeError) as exc:
-            raise ContractError(f"{where or 'kernel'}: {exc}") from None
+        status = _member(AttemptStatus, f, "status")
+        source = _member(StatusSource, f, "statusSource")
         usage = None
         if f.has("usage"):
             try:
@@ -209,6 +206,18 @@ class ResultKernel:
             else:
                 break
         return kernel
+
+
+E = TypeVar("E", AttemptStatus, StatusSource)
+
+
+def _member(enum: type[E], f: Fields, key: str) -> E:
+    value = f.required(key)
+    try:
+        return enum(value)
+    except (ValueError, TypeError):
+        allowed = ", ".join(m.value for m in enum)
+        raise ContractError(f"{f.path(key)}: must be one of {allowed}") from None
 
 
 def check(kernel: ResultKernel) -> None:
