@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import signal
 import subprocess
@@ -9,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+from maka_eval.contract.kernel import ResultKernel
+from maka_eval.engine.status import AttemptStatus
 from tests.relay.conftest import sh
 
 LIGHT = ("pydantic", "typer", "rich", "yaml", "click")
@@ -35,12 +38,15 @@ def test_runs_one_attempt_and_writes_the_kernel(plan_for, tmp_path):
     proc = relay(tmp_path / "plan.json", tmp_path / "termination-log")
     assert proc.wait(30) == 0
     text = (tmp_path / "termination-log").read_text()
-    kernel = json.loads(text)
     assert len(text.encode()) < 4096
-    assert kernel["status"] == "completed" and kernel["score"] == 1.0
+    # The same parser every executor uses for the relay's result.
+    kernel = ResultKernel.from_json(text)
+    assert kernel.status is AttemptStatus.COMPLETED and kernel.score == 1.0
     # Empty output (stderr, verifier output) is not stored: an artifact has content.
-    assert {a["name"] for a in kernel["artifacts"]} == {"subject.stdout", "verifier/reward.txt"}
-    assert all(len(a["sha256"]) == 64 for a in kernel["artifacts"])
+    assert {a.name for a in kernel.artifacts} == {"subject.stdout", "verifier/reward.txt"}
+    for entry in kernel.artifacts:
+        data = (Path(plan.artifacts_dir) / entry.name).read_bytes()
+        assert len(data) == entry.bytes and hashlib.sha256(data).hexdigest() == entry.sha256
 
 
 def test_sigterm_cancels_and_quiesces(plan_for, tmp_path):
