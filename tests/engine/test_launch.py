@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from maka_eval.engine.classify import ResultContract
@@ -15,8 +17,14 @@ from maka_eval.engine.launch import (
 from maka_eval.spec.subjects import ExternalSubject, MakaSubject, OracleSubject
 
 
+def _parse(model, data):
+    """As the loader does: from JSON (strict models take lists as tuples only there)."""
+    return model.model_validate_json(json.dumps(data))
+
+
 def test_external_subject_locally_and_in_a_pod():
-    subject = ExternalSubject.model_validate(
+    subject = _parse(
+        ExternalSubject,
         {
             "id": "a",
             "kind": "external",
@@ -28,7 +36,7 @@ def test_external_subject_locally_and_in_a_pod():
                 "credentialBindings": {"API_KEY": "OPENAI_API_KEY"},
                 "resultContract": "protocol-v1",
             },
-        }
+        },
     )
     local = subject_launch(subject, program="/home/me/exp/agents/run.sh")
     pod = subject_launch(subject, program="/workspace/agents/run.sh")
@@ -40,13 +48,14 @@ def test_external_subject_locally_and_in_a_pod():
 
 
 def test_maka_subject_goes_through_the_runtime_host():
-    subject = MakaSubject.model_validate(
+    subject = _parse(
+        MakaSubject,
         {
             "id": "m",
             "kind": "maka",
             "credentials": ["K"],
             "config": {"profile": "headless-coding-v1", "model": "mdl", "args": ["-v"]},
-        }
+        },
     )
     launch = subject_launch(subject, program="/opt/host", runtime_host_args=("serve",))
     assert launch.argv == (
@@ -62,7 +71,7 @@ def test_maka_subject_goes_through_the_runtime_host():
 
 
 def test_oracle_runs_the_solution_where_the_executor_puts_it():
-    oracle = OracleSubject.model_validate({"id": "o", "kind": "oracle"})
+    oracle = _parse(OracleSubject, {"id": "o", "kind": "oracle"})
     launch = subject_launch(
         oracle,
         solution_dir="/tasks/t/solution",
