@@ -41,6 +41,7 @@ from maka_eval.engine.reconcile import (
     decide,
     retry_due,
 )
+from maka_eval.engine.selection import CellState, cell_state
 from maka_eval.engine.status import StatusSource, Trigger
 from maka_eval.errors import CellSelectionError, ResourceError
 from maka_eval.local.events import (
@@ -222,12 +223,8 @@ class LocalRun:
             self.expansion, attempts, self.options.cells, force=self.options.force
         )
         if problems:
-            unknown = any("no such cell" in p.message for p in problems)
             raise CellSelectionError(
-                "unknown cell(s); nothing was started:"
-                if unknown
-                else "refusing to re-run cells that have results:",
-                problems,
+                "cannot run the requested cell(s); nothing was started:", problems
             )
         token = f"cli-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{secrets.token_hex(3)}"
         return [Request(cell, token) for cell in dict.fromkeys(self.options.cells)]
@@ -260,52 +257,67 @@ class LocalRun:
         )
         inbox: queue.SimpleQueue[_Finished | None] = queue.SimpleQueue()
         self.cancel.on_cancel(lambda: inbox.put(None))  # SimpleQueue.put: signal-safe
+        workers = max(1, limit * len(self.expansion.subject_ids))
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="arm") as pool:
+            try:
+                self._loop(pool, attempts, requests, inbox)
+            except BaseException:
+                self.cancel.cancel()  # running attempts quiesce; the pool waits for them
+                raise
+
+    def _loop(
+        self,
+        pool: ThreadPoolExecutor,
+        attempts: dict[str, list[AttemptView]],
+        requests: list[Request],
+        inbox: queue.SimpleQueue[_Finished | None],
+    ) -> None:
+        report = self._report
+        assert report.budget is not None
         running: dict[str, Start] = {}
         settled = 0
         budget_reported = cancel_reported = False
         failure: BaseException | None = None
-        workers = max(1, limit * len(self.expansion.subject_ids))
-        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="arm") as pool:
-            while True:
-                if not self.cancel.is_set():
-                    decision = decide(
-                        self.expansion,
-                        attempts,
-                        running.keys(),
-                        report.budget,
-                        self.policy,
-                        requests,
-                        settled,
+        while True:
+            if not self.cancel.is_set():
+                decision = decide(
+                    self.expansion,
+                    attempts,
+                    running.keys(),
+                    report.budget,
+                    self.policy,
+                    requests,
+                    settled,
+                )
+                settled = decision.settled
+                for launch in decision.launches:
+                    barrier = (
+                        threading.Barrier(len(launch.arms), timeout=GROUP_START_TIMEOUT_SEC)
+                        if launch.together
+                        else None
                     )
-                    settled = decision.settled
-                    for launch in decision.launches:
-                        barrier = (
-                            threading.Barrier(len(launch.arms), timeout=GROUP_START_TIMEOUT_SEC)
-                            if launch.together
-                            else None
-                        )
-                        for arm in launch.arms:
-                            running[arm.cell.id] = arm
-                            pool.submit(self._run_arm, arm, barrier, inbox.put)
-                    report.held_by_budget = decision.held_by_budget
-                    if decision.held_by_budget and not budget_reported:
-                        self.events(BudgetReached(report.budget, decision.held_by_budget))
-                        budget_reported = True
-                if not running:
-                    break
-                item = inbox.get()
-                if self.cancel.is_set() and not cancel_reported:
-                    self.events(Cancelling(len(running)))
-                    cancel_reported = True
-                if item is None:
-                    continue
-                start, outcome = item
-                running.pop(start.cell.id, None)
-                if isinstance(outcome, BaseException):
-                    failure = failure or outcome
-                    self.cancel.cancel()  # a store failure ends the run, loudly
-                    continue
-                self._observe(outcome, attempts)
+                    for arm in launch.arms:
+                        running[arm.cell.id] = arm
+                        pool.submit(self._run_arm, arm, barrier, inbox.put)
+                report.held_by_budget = decision.held_by_budget
+                if decision.held_by_budget and not budget_reported:
+                    self.events(BudgetReached(report.budget, decision.held_by_budget))
+                    budget_reported = True
+            if not running:
+                break
+            item = inbox.get()
+            if self.cancel.is_set() and not cancel_reported:
+                self.events(Cancelling(len(running)))
+                cancel_reported = True
+            if item is None:
+                continue
+            start, outcome = item
+            running.pop(start.cell.id, None)
+            if isinstance(outcome, BaseException):
+                failure = failure or outcome
+                self.cancel.cancel()  # a store failure ends the run, loudly
+                continue
+            self._observe(outcome, attempts)
         if failure is not None:
             raise failure
 
@@ -333,8 +345,6 @@ class LocalRun:
     ) -> int:
         if requests:
             return len(requests)
-        from maka_eval.engine.selection import CellState, cell_state
-
         cap = self.policy.max_infra_retries
         return sum(
             1
