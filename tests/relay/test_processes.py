@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from maka_eval.engine.status import AttemptStatus
-from maka_eval.relay.processes import MARKER_VARIABLE, CancelToken, find_marked
+from maka_eval.process_table import find_marked
+from maka_eval.relay.processes import MARKER_VARIABLE, CancelToken
 from tests.relay.conftest import sh
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux /proc")

@@ -11,6 +11,7 @@ import errno
 import os
 import shutil
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated
 
@@ -26,7 +27,8 @@ from maka_eval.cli.progress import RunProgress
 from maka_eval.engine.expand import expand
 from maka_eval.errors import MakaEvalError
 from maka_eval.local.executor import LocalRun, RunOptions, RunReport
-from maka_eval.local.prerequisites import check_prerequisites
+from maka_eval.local.prerequisites import check_prerequisites, work_root_path
+from maka_eval.process_table import ProcessEntry
 from maka_eval.spec.load import LoadedExperiment, load_experiment_file
 from maka_eval.spec.task_directory import TaskDefinition, load_tasks
 from maka_eval.store.lock import unlock
@@ -217,13 +219,42 @@ def unlock_command(
     run_dir: Annotated[Path, typer.Argument(help="Run directory with a stale .writer.lock.")],
     force: Annotated[
         bool,
-        typer.Option("--force", help="The lock is from another host and you checked it there."),
+        typer.Option(
+            "--force",
+            help="Remove the lock even so. For a lock from another host: you checked there "
+            "that no writer and no process of the run remain. On this host: kill the run's "
+            "leftover processes (SIGKILL, frozen ones too) after asking, then remove it.",
+        ),
+    ] = False,
+    yes: Annotated[
+        bool,
+        typer.Option("--yes", "-y", help="With --force, kill without asking (for scripts)."),
     ] = False,
 ) -> None:
-    """Remove a stale writer lock, after checking that no writer and no subject remain."""
+    """Remove a stale writer lock, after checking that no writer and no process of the run remain.
+
+    The run's processes are its subjects, verifiers and their children: found by their
+    environment markers, by descent, and by working inside the run's work folder.
+    """
+    if yes and not force:
+        raise typer.BadParameter("--yes only applies with --force", param_hint="--yes")
     contents = read_run(run_dir)
-    info = unlock(run_dir, contents.run_id, force=force)
-    out.print(f"removed the stale lock of {info.describe()}; run again to resume")
+    work_dir = work_root_path(os.environ) / contents.run_id
+
+    def confirm(entries: Sequence[ProcessEntry]) -> bool:
+        out.print(f"processes of run {contents.run_id} are still running:", markup=False)
+        for entry in entries:
+            state = "frozen" if entry.frozen else f"state {entry.state}"
+            out.print(f"  pid {entry.pid} ({state}): {entry.why}", markup=False)
+        return yes or typer.confirm(
+            f"Kill these {len(entries)} processes (SIGKILL) and remove the lock?", default=False
+        )
+
+    done = unlock(run_dir, contents.run_id, work_dir=work_dir, force=force, confirm=confirm)
+    if done.killed:
+        pids = " ".join(map(str, done.killed))
+        out.print(f"killed {len(done.killed)} leftover processes of the run: {pids}")
+    out.print(f"removed the stale lock of {done.info.describe()}; run again to resume")
 
 
 def _plain(reason: str) -> str:

@@ -16,7 +16,6 @@ import secrets
 import shutil
 import signal
 import socket
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -54,7 +53,7 @@ from maka_eval.local.events import (
     ignore,
 )
 from maka_eval.local.plans import attempt_plan
-from maka_eval.local.prerequisites import WORK_DIR_VARIABLE, ResolvedCommands, check_prerequisites
+from maka_eval.local.prerequisites import ResolvedCommands, check_prerequisites, work_root_path
 from maka_eval.relay.attempt import run_attempt
 from maka_eval.relay.processes import CancelToken, ProcessSupervisor
 from maka_eval.spec.load import LoadedExperiment
@@ -88,10 +87,7 @@ class RunReport:
 
 def work_root(host_env: Mapping[str, str]) -> Path:
     """Where attempt workspaces live: outside the run directory, never inside it."""
-    configured = host_env.get(WORK_DIR_VARIABLE)
-    base = (
-        Path(configured) if configured else Path(tempfile.gettempdir()) / f"maka-eval-{os.getuid()}"
-    )
+    base = work_root_path(host_env)
     base.mkdir(parents=True, exist_ok=True, mode=0o700)
     return base
 

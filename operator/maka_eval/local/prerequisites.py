@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +20,15 @@ from maka_eval.spec.subjects import ExternalSubject, MakaSubject, OracleSubject
 from maka_eval.spec.task_directory import TaskDefinition
 
 WORK_DIR_VARIABLE = "MAKA_EVAL_WORK_DIR"
+
+
+def work_root_path(host_env: Mapping[str, str]) -> Path:
+    """Where attempt workspaces live: $MAKA_EVAL_WORK_DIR, or a per-user folder in the
+    system temp folder; never inside a run directory."""
+    configured = host_env.get(WORK_DIR_VARIABLE)
+    if configured:
+        return Path(configured)
+    return Path(tempfile.gettempdir()) / f"maka-eval-{os.getuid()}"
 
 
 def resolve_command(command: str, base_dir: Path, path_env: str | None) -> Path | None:

@@ -29,6 +29,7 @@ from maka_eval.engine.classify import (
     Verification,
     classify,
 )
+from maka_eval.process_table import RUN_MARKER
 from maka_eval.relay.environment import (
     base_environment,
     host_environment,
@@ -198,7 +199,7 @@ class _Attempt:
     def _attempt_vars(self) -> dict[str, str]:
         plan, layout = self.plan, self.layout
         values = {
-            "MAKA_EVAL_RUN_ID": plan.run_id,
+            RUN_MARKER: plan.run_id,
             "MAKA_EVAL_CELL_ID": plan.cell_id,
             "MAKA_EVAL_TASK_ID": plan.task_id,
             "MAKA_EVAL_REPETITION": str(plan.repetition),

@@ -26,15 +26,20 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from enum import StrEnum
 from typing import IO
 
+from maka_eval.process_table import ATTEMPT_MARKER, HAS_PROC
+from maka_eval.process_table import ProcInfo as _ProcInfo
+from maka_eval.process_table import alive as _alive
+from maka_eval.process_table import carries as _carries
+from maka_eval.process_table import snapshot as _snapshot
+from maka_eval.process_table import stat as _stat
 from maka_eval.relay.output import OutputCapture, pump_ready
 
-MARKER_VARIABLE = "MAKA_EVAL_ATTEMPT_ID"
+MARKER_VARIABLE = ATTEMPT_MARKER
 _PR_SET_CHILD_SUBREAPER = 36
-_HAS_PROC = os.path.isdir("/proc/self")
+_HAS_PROC = HAS_PROC
 
 
 class WaitEnd(StrEnum):
@@ -90,49 +95,6 @@ def become_subreaper() -> bool:
         return bool(libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0)
     except (OSError, AttributeError):
         return False
-
-
-@dataclass(frozen=True)
-class _ProcInfo:
-    ppid: int
-    state: str
-
-
-def _read(path: str, limit: int = 4096) -> bytes | None:
-    """Read a small /proc file without the cost of a buffered file object."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        return os.read(fd, limit)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-
-
-def _parse_stat(raw: bytes) -> _ProcInfo | None:
-    # The command name is in parentheses and may itself contain ') '.
-    fields = raw[raw.rfind(b")") + 2 :].split(maxsplit=2)
-    return _ProcInfo(int(fields[1]), fields[0].decode()) if len(fields) >= 2 else None
-
-
-def _snapshot() -> dict[int, _ProcInfo]:
-    """Every visible process: pid -> (parent, state)."""
-    table: dict[int, _ProcInfo] = {}
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            raw = _read(f"/proc/{name}/stat")
-            info = _parse_stat(raw) if raw else None
-            if info is not None:
-                table[int(name)] = info
-    return table
-
-
-def _carries(pid: int, marker: bytes) -> bool:
-    raw = _read(f"/proc/{pid}/environ", 1 << 20)
-    return raw is not None and marker in raw.split(b"\0")
 
 
 class ProcessSupervisor:
@@ -357,30 +319,3 @@ class ProcessSupervisor:
                     if os.waitpid(pid, os.WNOHANG)[0]:
                         reaped += 1
         return reaped
-
-
-def _stat(pid: int) -> _ProcInfo | None:
-    raw = _read(f"/proc/{pid}/stat")
-    return _parse_stat(raw) if raw else None
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def find_marked(variable: str, value: str) -> list[int]:
-    """Pids of live processes whose environment has `variable=value` (Linux /proc)."""
-    if not _HAS_PROC:
-        return []
-    marker = f"{variable}={value}".encode()
-    return sorted(
-        pid
-        for pid, info in _snapshot().items()
-        if info.state != "Z" and pid != os.getpid() and _carries(pid, marker)
-    )

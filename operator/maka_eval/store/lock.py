@@ -4,7 +4,8 @@
 the writer also holds an flock on it, which the kernel drops when the process dies.
 A lock whose flock is held is live and refuses a second writer. A lock left behind by
 a writer that died is stale: it is reported with how to prove no writer remains,
-and removed only by `maka-eval unlock`, which checks that proof.
+and removed only by `maka-eval unlock`, which checks that proof (the process table
+reading is in maka_eval.process_table, so the store does not load the relay).
 """
 
 from __future__ import annotations
@@ -15,12 +16,14 @@ import json
 import os
 import socket
 import sys
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import Path
 
 from maka_eval.errors import Problem, StoreError
+from maka_eval.process_table import ProcessEntry, kill_all, run_processes
 
 LOCK_NAME = ".writer.lock"
 
@@ -100,9 +103,9 @@ def stale_lock_problem(run_dir: Path, info: LockInfo) -> Problem:
         str(lock),
         f"left by {info.describe()}, which did not finish. Prove no writer remains: "
         f"on host {info.host}, `ps -p {info.pid}` must show no maka-eval process, and no "
-        "subject of that run may still be running. `maka-eval unlock "
-        f"{run_dir}` checks both on this host and removes the lock; then run again "
-        "to resume.",
+        "process of that run (subject, verifier, or their children) may still be running. "
+        f"`maka-eval unlock {run_dir}` checks both on this host and removes the lock; "
+        "then run again to resume.",
     )
 
 
@@ -156,16 +159,74 @@ class WriterLock:
         self._fd = None
 
 
-def unlock(run_dir: Path, run_id: str, *, force: bool = False) -> LockInfo:
-    """Remove a stale lock after proving no writer and no subject of the run remains.
+@dataclass(frozen=True)
+class Unlocked:
+    """What `unlock` did: whose lock it removed, and which leftover processes it killed."""
+
+    info: LockInfo
+    killed: tuple[int, ...] = ()
+
+
+Confirm = Callable[[Sequence[ProcessEntry]], bool]
+
+_LISTED = 20  # pids named in a message; more are counted, not listed
+
+
+def _pids(pids: Sequence[int]) -> str:
+    listed = " ".join(map(str, pids[:_LISTED]))
+    return listed + (f" (and {len(pids) - _LISTED} more)" if len(pids) > _LISTED else "")
+
+
+def _leftovers_problem(run_dir: Path, entries: Sequence[ProcessEntry]) -> StoreError:
+    path = run_dir / LOCK_NAME
+    pids = [e.pid for e in entries]
+    frozen = [e.pid for e in entries if e.frozen]
+    problems = [
+        Problem(f"pid {e.pid}", f"{'frozen (stopped), ' if e.frozen else ''}{e.why}")
+        for e in entries[:_LISTED]
+    ]
+    # A stopped process keeps a plain SIGTERM pending until SIGCONT; SIGKILL ends it.
+    # Every pid is in the command, however many: it is meant to be pasted.
+    kill = f"kill -KILL {' '.join(map(str, pids))}"
+    why_frozen = (
+        (f"pid {frozen[0]} is" if len(frozen) == 1 else f"pids {_pids(frozen)} are")
+        + " frozen (stopped with SIGSTOP, as a writer does while quiescing), so a plain "
+        "`kill` does not end them before `kill -CONT`; "
+        if frozen
+        else ""
+    )
+    problems.append(
+        Problem(
+            str(path),
+            f"{why_frozen}end them with `{kill}` and unlock again, or run "
+            f"`maka-eval unlock --force {run_dir}`, which lists them, asks, kills them "
+            "and removes the lock",
+        )
+    )
+    listed = ", ".join(map(str, pids[:_LISTED])) + (" ..." if len(pids) > _LISTED else "")
+    summary = f"{len(pids)} processes of this run are still running (pids {listed})"
+    if frozen:
+        summary += f", {len(frozen)} of them frozen"
+    return StoreError(summary + ":", problems)
+
+
+def unlock(
+    run_dir: Path,
+    run_id: str,
+    *,
+    work_dir: Path | None = None,
+    force: bool = False,
+    confirm: Confirm | None = None,
+) -> Unlocked:
+    """Remove a stale lock after proving no writer and no process of the run remains.
 
     On the lock's own host the proof is: nobody holds the flock (the writer held it for
-    its whole life, so it is dead) and no process carries the run's MAKA_EVAL_RUN_ID.
-    For a lock from another host that proof cannot be made here; `force` says the user
-    made it there.
+    its whole life, so it is dead) and `run_processes` finds no subject, verifier or
+    child of the run (by marker, by descent, or by working inside `work_dir`, the run's
+    work folder). With `force`, such leftovers are killed first, once `confirm` (when
+    given) agrees. For a lock from another host that proof cannot be made here; `force`
+    says the user made it there.
     """
-    from maka_eval.relay.processes import find_marked  # light; only /proc reading
-
     state, info = inspect_lock(run_dir)
     path = run_dir / LOCK_NAME
     if state is LockState.FREE or info is None:
@@ -176,30 +237,40 @@ def unlock(run_dir: Path, run_id: str, *, force: bool = False) -> LockInfo:
             [Problem(str(path), f"held by {info.describe()}; stop that run (Ctrl-C) instead")],
         )
     here = socket.gethostname()
-    if info.host not in (None, here) and not force:
-        raise StoreError(
-            f"{path} was left by host {info.host}; this is {here}:",
-            [
-                Problem(
-                    str(path),
-                    f"on {info.host}, check `ps -p {info.pid}` shows no maka-eval "
-                    "process and no subject of the run remains, then run unlock with --force",
-                )
-            ],
-        )
-    if info.host in (None, here):
-        leftovers = find_marked("MAKA_EVAL_RUN_ID", run_id)
-        if leftovers:
-            pids = ", ".join(map(str, leftovers[:20]))
+    if info.host not in (None, here):
+        if not force:
             raise StoreError(
-                f"processes of this run are still running (pids {pids}):",
+                f"{path} was left by host {info.host}; this is {here}:",
                 [
                     Problem(
                         str(path),
-                        "they belong to subjects of the run whose writer died; "
-                        f"stop them (kill {' '.join(map(str, leftovers[:20]))}) and unlock again",
+                        f"on {info.host}, check `ps -p {info.pid}` shows no maka-eval "
+                        "process and no process of the run remains, then run unlock with "
+                        "--force",
                     )
                 ],
             )
+        path.unlink()
+        return Unlocked(info)
+    killed: tuple[int, ...] = ()
+    leftovers = run_processes(run_id, work_dir)
+    if leftovers:
+        if not force:
+            raise _leftovers_problem(run_dir, leftovers)
+        if confirm is not None and not confirm(leftovers):
+            raise StoreError(f"nothing was killed and the lock of {run_dir} is kept")
+        ended, remaining = kill_all(lambda: run_processes(run_id, work_dir))
+        if remaining:
+            raise StoreError(
+                f"processes of this run did not end after SIGKILL (pids {_pids(remaining)}):",
+                [
+                    Problem(
+                        str(path),
+                        "they may belong to another user or be stuck in the kernel (state D "
+                        "in `ps`); the lock is kept until they are gone",
+                    )
+                ],
+            )
+        killed = tuple(ended)
     path.unlink()
-    return info
+    return Unlocked(info, killed)
