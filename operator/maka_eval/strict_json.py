@@ -1,6 +1,9 @@
-"""JSON that refuses duplicate keys (the standard library keeps the last one silently).
+"""JSON read strictly: duplicate keys, NaN/Infinity and runaway nesting are refused.
 
-Standard library only: the relay reads result frames with it, the spec loader documents.
+The standard library keeps the last of two duplicate keys silently, reads the
+non-standard constants NaN, Infinity and -Infinity as floats, and raises RecursionError
+on deeply nested input. Standard library only: the relay reads result frames with it,
+the spec loader documents.
 """
 
 from __future__ import annotations
@@ -13,6 +16,14 @@ class DuplicateKeyError(ValueError):
     """An object names the same key twice."""
 
 
+class NonFiniteNumberError(ValueError):
+    """The text uses NaN, Infinity or -Infinity, which JSON does not have."""
+
+
+class NestingError(ValueError):
+    """The document is nested deeper than allowed."""
+
+
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     result: dict[str, Any] = {}
     for key, value in pairs:
@@ -22,6 +33,51 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return result
 
 
-def loads(text: str | bytes) -> Any:
-    """json.loads, except that a duplicate key raises DuplicateKeyError."""
-    return json.loads(text, object_pairs_hook=_no_duplicates)
+def _no_constants(name: str) -> Any:
+    raise NonFiniteNumberError(
+        f"'{name}' is not a JSON number; write a finite number (or quote it as a string)"
+    )
+
+
+def _keep_constants(name: str) -> float:
+    return float(name)
+
+
+def depth(value: Any) -> int:
+    """How deeply `value` nests lists and mappings (a scalar is 0), without recursion."""
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, level = stack.pop()
+        if isinstance(item, dict):
+            children: Any = item.values()
+        elif isinstance(item, list):
+            children = item
+        else:
+            continue
+        deepest = max(deepest, level + 1)
+        stack.extend((child, level + 1) for child in children)
+    return deepest
+
+
+def loads(text: str | bytes, *, max_depth: int | None = None, allow_nonfinite: bool = False) -> Any:
+    """json.loads, refusing duplicate keys, NaN/Infinity and nesting beyond `max_depth`.
+
+    `allow_nonfinite` keeps NaN/Infinity as floats for a caller that refuses them itself
+    with a better message (the spec loader names their JSON path).
+    """
+    try:
+        value = json.loads(
+            text,
+            object_pairs_hook=_no_duplicates,
+            parse_constant=_keep_constants if allow_nonfinite else _no_constants,
+        )
+    except RecursionError:
+        if max_depth is not None:
+            raise NestingError(
+                f"the document is nested more than {max_depth} levels deep"
+            ) from None
+        raise NestingError("the document is nested too deeply to read") from None
+    if max_depth is not None and depth(value) > max_depth:
+        raise NestingError(f"the document is nested more than {max_depth} levels deep")
+    return value

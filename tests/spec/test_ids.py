@@ -7,12 +7,14 @@ import re
 from hypothesis import given
 from hypothesis import strategies as st
 
+from maka_eval.engine import launch
+from maka_eval.engine.expand import cell_id, parse_cell_id
+from maka_eval.spec import ids
 from maka_eval.spec.ids import (
-    cell_id,
     env_name_problem,
     experiment_id_problem,
     id_problem,
-    parse_cell_id,
+    reserved_env_problem,
 )
 
 # The Kubernetes label-value rule, written independently of the implementation.
@@ -58,3 +60,21 @@ def test_env_names():
     assert env_name_problem("_x1") is None
     for bad in ("my key", "1ABC", "A-B", ""):
         assert env_name_problem(bad)
+
+
+def test_long_env_names_are_refused():
+    assert env_name_problem("A" * ids.ENV_NAME_MAX_LENGTH) is None
+    assert "at most" in (env_name_problem("A" * (ids.ENV_NAME_MAX_LENGTH + 1)) or "")
+
+
+def test_reserved_env_names_are_the_ones_the_launch_sets():
+    # One source of truth: whatever the launch sets for every subject, a spec may not set.
+    for name in (*launch.FIXED_ENV, *launch.RESERVED_ENV_NAMES, "LANG"):
+        assert reserved_env_problem(name), name
+    assert reserved_env_problem(launch.ATTEMPT_ENV_PREFIX + "ANYTHING")
+    assert reserved_env_problem("LANGUAGE") is None
+    assert not hasattr(ids, "RESERVED_ENV_NAMES"), "a second list would drift"
+
+
+def test_the_spec_has_no_copy_of_the_cell_id_rule():
+    assert not hasattr(ids, "cell_id") and not hasattr(ids, "parse_cell_id")

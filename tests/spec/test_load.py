@@ -221,7 +221,7 @@ def test_numbers_where_strings_belong_get_a_quote_hint():
 def test_ids_and_duplicates():
     found = "\n".join(problems(spec(tasks=[{"id": "a"}, {"id": "b", "path": "a"}, {"id": "a"}])))
     assert "tasks[2].id: duplicate id 'a' (already used by tasks[0])" in found
-    assert "tasks[1]: uses the same task directory 'a' as tasks[0]" in found
+    assert "tasks[1].path: uses the same task directory 'a' as tasks[0]" in found
     long_id = "x" * 64
     assert any("ids are at most 63" in p for p in problems(spec(tasks=[{"id": long_id}])))
 
@@ -265,3 +265,203 @@ def test_models_are_frozen():
     with pytest.raises(ValidationError):
         experiment.spec.repetitions = 5  # type: ignore[misc]
     assert isinstance(experiment, Experiment)
+
+
+def test_a_variable_the_launch_sets_cannot_be_set_in_the_spec():
+    # LANG used to validate and then be silently replaced by C.UTF-8.
+    doc = spec(
+        subjects=[
+            {"id": "s", "kind": "external", "config": {"command": "x", "env": {"LANG": "fr_FR"}}}
+        ]
+    )
+    found = problems(doc)
+    assert any(
+        p.startswith("subjects[0].config.env.LANG: 'LANG' is set by maka-eval for every subject")
+        for p in found
+    ), found
+    doc = spec(
+        subjects=[
+            {
+                "id": "s",
+                "kind": "external",
+                "credentials": ["KEY"],
+                "config": {"command": "x", "credentialBindings": {"LANG": "KEY"}},
+            }
+        ]
+    )
+    assert any(
+        p.startswith("subjects[0].config.credentialBindings.LANG: 'LANG' is set by maka-eval")
+        for p in problems(doc)
+    )
+
+
+def test_result_contract_is_the_engine_enum():
+    from maka_eval.engine.classify import ResultContract
+    from maka_eval.spec.subjects import ExternalSubjectConfig
+
+    assert ExternalSubjectConfig.model_fields["result_contract"].annotation is ResultContract
+    doc = spec(
+        subjects=[
+            {
+                "id": "s",
+                "kind": "external",
+                "config": {"command": "x", "resultContract": "protocol-v1"},
+            }
+        ]
+    )
+    experiment, _ = experiment_from_data(doc)
+    contract = experiment.spec.subjects[0].config.result_contract
+    assert contract is ResultContract.PROTOCOL_V1
+    assert experiment.canonical()["subjects"][0]["config"]["resultContract"] == "protocol-v1"
+    default, _ = experiment_from_data(spec())
+    assert default.spec.subjects[0].config.result_contract is ResultContract.EXIT_CODE
+
+
+def test_a_wrong_result_contract_gets_a_suggestion():
+    doc = spec(
+        subjects=[
+            {
+                "id": "s",
+                "kind": "external",
+                "config": {"command": "x", "resultContract": "exit_code"},
+            }
+        ]
+    )
+    assert (
+        "subjects[0].config.resultContract: 'exit_code' is not allowed; did you mean "
+        "'exit-code'? use 'exit-code' or 'protocol-v1'"
+    ) in problems(doc)
+
+
+NUL = "a\0b"
+
+
+@pytest.mark.parametrize(
+    ("changes", "path"),
+    [
+        (
+            {
+                "subjects": [
+                    {"id": "s", "kind": "external", "config": {"command": "x", "args": [NUL]}}
+                ]
+            },
+            "subjects[0].config.args[0]",
+        ),
+        (
+            {"subjects": [{"id": "s", "kind": "external", "config": {"command": NUL}}]},
+            "subjects[0].config.command",
+        ),
+        (
+            {
+                "subjects": [
+                    {"id": "s", "kind": "external", "config": {"command": "x", "env": {"A": NUL}}}
+                ]
+            },
+            "subjects[0].config.env.A",
+        ),
+        (
+            {
+                "subjects": [
+                    {"id": "s", "kind": "external", "config": {"command": "x", "env": {NUL: "v"}}}
+                ]
+            },
+            'subjects[0].config.env["a\\u0000b"]',
+        ),
+        (
+            {
+                "subjects": [
+                    {
+                        "id": "m",
+                        "kind": "maka",
+                        "config": {"profile": "headless-coding-v1", "args": ["--x", NUL]},
+                    }
+                ],
+                "executor": {"kind": "local", "config": {"runtimeHost": {"command": "h"}}},
+            },
+            "subjects[0].config.args[1]",
+        ),
+        (
+            {"executor": {"kind": "local", "config": {"runtimeHost": {"command": NUL}}}},
+            "executor.config.runtimeHost.command",
+        ),
+        (
+            {
+                "executor": {
+                    "kind": "local",
+                    "config": {"runtimeHost": {"command": "h", "args": [NUL]}},
+                }
+            },
+            "executor.config.runtimeHost.args[0]",
+        ),
+    ],
+)
+def test_nul_bytes_are_refused_with_their_path(changes, path):
+    found = problems(spec(**changes))
+    assert any(p.startswith(f"{path}: ") for p in found), found
+    if "env[" not in path:
+        assert any("NUL" in p for p in found), found
+
+
+@pytest.mark.parametrize(
+    ("value", "shown"),
+    [(".inf", "inf"), ("-.inf", "-inf"), (".nan", "nan"), (".NaN", "nan"), (".Inf", "inf")],
+)
+def test_yaml_infinities_and_nan_are_refused(tmp_path, value, shown):
+    text = yaml.safe_dump(spec()) + f"budget: {{maxCostUsd: {value}}}\n"
+    with pytest.raises(SpecError) as info:
+        load_experiment_text(text, "e.yaml", tmp_path)
+    assert "budget.maxCostUsd: must be a finite number" in info.value.render()
+    text = yaml.safe_dump(spec()).replace(
+        "maxConcurrentTaskGroups: 2", f"maxConcurrentTaskGroups: {value}"
+    )
+    with pytest.raises(SpecError, match=r"execution\.maxConcurrentTaskGroups: must be a whole"):
+        load_experiment_text(text, "e.yaml", tmp_path)
+
+
+@pytest.mark.parametrize("value", ["NaN", "Infinity", "-Infinity"])
+def test_json_nan_and_infinity_are_refused(tmp_path, value):
+    doc = json.dumps(spec(budget={"maxCostUsd": 1.5})).replace("1.5", value)
+    with pytest.raises(SpecError) as info:
+        load_experiment_text(doc, "e.json", tmp_path)
+    assert "budget.maxCostUsd: must be a finite number" in info.value.render()
+    doc = json.dumps(k8s(spec(budget={"maxCostUsd": 1.5}))).replace("1.5", value)
+    with pytest.raises(SpecError, match=r"spec\.budget\.maxCostUsd: must be a finite number"):
+        load_experiment_text(doc, "e.json", tmp_path)
+    doc = json.dumps(
+        spec(benchmark={"id": "b", "version": 1.5, "kind": "directory", "config": {"path": "t"}})
+    )
+    with pytest.raises(SpecError, match=r"benchmark\.version: must be a string"):
+        load_experiment_text(doc.replace("1.5", value), "e.json", tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("tasks", "expected"),
+    [
+        ([{"id": "a", "path": "/etc"}], "tasks[0].path: '/etc' is an absolute path"),
+        (
+            [{"id": "a", "path": "../other"}],
+            "tasks[0].path: '../other' leaves the benchmark folder",
+        ),
+        ([{"id": "a", "path": "x/../../y"}], "tasks[0].path: 'x/../../y' leaves the benchmark"),
+        ([{"id": "a", "path": ".."}], "tasks[0].path: '..' leaves the benchmark folder"),
+        ([{"id": "a", "path": "."}], "tasks[0].path: '.' is the benchmark folder itself"),
+        ([{"id": "a"}, {"id": "b", "path": "./a"}], "tasks[1].path: uses the same task directory"),
+        ([{"id": "a"}, {"id": "b", "path": "a/"}], "tasks[1].path: uses the same task directory"),
+        (
+            [{"id": "x", "path": "d/a"}, {"id": "b", "path": "d/./c/../a"}],
+            "tasks[1].path: uses the same task directory 'd/a' as tasks[0]",
+        ),
+        ([{"id": "x", "path": "b"}, {"id": "b"}], "tasks[1].id: uses the same task directory"),
+        ([{"id": "x", "path": "b"}, {"id": "b", "path": None}], "tasks[1].id: uses the same"),
+    ],
+)
+def test_task_paths_stay_inside_the_benchmark_and_differ(tasks, expected):
+    found = problems(spec(tasks=tasks))
+    assert any(p.startswith(expected) for p in found), found
+
+
+def test_task_paths_inside_the_benchmark_are_fine():
+    experiment, _ = experiment_from_data(
+        spec(tasks=[{"id": "a", "path": "group/a"}, {"id": "b", "path": "x/../b"}, {"id": "c"}])
+    )
+    assert [t.directory_name for t in experiment.spec.tasks] == ["group/a", "x/../b", "c"]

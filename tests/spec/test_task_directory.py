@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
+import os
+from pathlib import Path
+
 import pytest
 
 from maka_eval.errors import TaskError
@@ -64,3 +68,83 @@ def test_digest_follows_content_and_executable_bit(tmp_path):
     assert changed != before
     (task / "environment" / "a.txt").chmod(0o755)
     assert directory_digest(task) != changed
+
+
+def test_digest_follows_a_symlinked_tests_folder(tmp_path):
+    # A verifier kept outside the task and linked in must still be part of its identity.
+    task = make_task(tmp_path / "tasks", "t")
+    outside = tmp_path / "shared-tests"
+    (task / "tests").rename(outside)
+    (task / "tests").symlink_to(outside, target_is_directory=True)
+    before = directory_digest(task)
+    assert directory_digest(task) == before
+    (outside / "test.sh").write_text("#!/bin/sh\necho 0 > /dev/null\n")
+    assert directory_digest(task) != before
+
+
+def test_digest_follows_symlinked_files_by_content(tmp_path):
+    task = make_task(tmp_path / "tasks", "t")
+    target = tmp_path / "data.txt"
+    target.write_text("1")
+    (task / "environment").mkdir(exist_ok=True)
+    (task / "environment" / "data.txt").symlink_to(target)
+    before = directory_digest(task)
+    target.write_text("2")
+    assert directory_digest(task) != before
+
+
+def test_digest_survives_symlink_cycles_and_special_files(tmp_path):
+    task = make_task(tmp_path / "tasks", "t")
+    (task / "environment").mkdir(exist_ok=True)
+    (task / "environment" / "loop").symlink_to(task, target_is_directory=True)
+    (task / "environment" / "self").symlink_to("self")
+    (task / "environment" / "dangling").symlink_to(tmp_path / "missing")
+    (task / "environment" / "zero").symlink_to("/dev/zero")
+    os.mkfifo(task / "environment" / "pipe")
+    first = directory_digest(task)
+    assert directory_digest(task) == first
+
+
+def test_digest_of_a_plain_task_is_unchanged_by_the_symlink_support(tmp_path):
+    # Resuming a run compares digests: tasks without links keep their old digest.
+    task = make_task(tmp_path / "tasks", "t", files={"a.txt": "1", "sub/b.txt": "2"})
+    expected = hashlib.sha256()
+    for dirpath, dirnames, filenames in os.walk(task):
+        dirnames.sort()
+        for name in sorted(filenames):
+            path = Path(dirpath, name)
+            relative = path.relative_to(task).as_posix()
+            expected.update(f"{relative}\0{int(os.access(path, os.X_OK))}\0".encode())
+            expected.update(path.read_bytes())
+            expected.update(b"\0")
+    assert directory_digest(task) == "sha256:" + expected.hexdigest()
+
+
+def test_a_task_linked_out_of_the_benchmark_folder_is_refused(tmp_path):
+    (tmp_path / "tasks").mkdir()
+    make_task(tmp_path, "outside")
+    (tmp_path / "tasks" / "t1").symlink_to(tmp_path / "outside", target_is_directory=True)
+    experiment, _ = experiment_from_data(spec())
+    with pytest.raises(TaskError) as info:
+        load_tasks(experiment, tmp_path)
+    text = info.value.render()
+    assert "tasks[0].path: " in text and "outside the benchmark folder" in text
+
+
+def test_two_tasks_resolving_to_one_folder_are_refused(tmp_path):
+    (tmp_path / "tasks").mkdir()
+    make_task(tmp_path / "tasks", "a")
+    (tmp_path / "tasks" / "b").symlink_to("a", target_is_directory=True)
+    experiment, _ = experiment_from_data(spec(tasks=[{"id": "a"}, {"id": "b"}]))
+    with pytest.raises(TaskError) as info:
+        load_tasks(experiment, tmp_path)
+    assert "tasks[1].path: " in info.value.render()
+    assert "same task directory as tasks[0]" in info.value.render()
+
+
+def test_a_task_linked_inside_the_benchmark_folder_is_fine(tmp_path):
+    (tmp_path / "tasks" / "real").mkdir(parents=True)
+    make_task(tmp_path / "tasks" / "real", "t1")
+    (tmp_path / "tasks" / "t1").symlink_to("real/t1", target_is_directory=True)
+    experiment, _ = experiment_from_data(spec())
+    assert set(load_tasks(experiment, tmp_path)) == {"t1"}

@@ -28,6 +28,8 @@ def parse_reward_json(data: bytes, score_key: str) -> Verification:
         return Verification(None, "reward.json is empty")
     try:
         rewards = strict_json.loads(data.decode("utf-8"))
+    except strict_json.NonFiniteNumberError:
+        return Verification(None, "reward.json values must be finite numbers (not NaN/Infinity)")
     except (UnicodeDecodeError, ValueError, RecursionError):
         return Verification(None, "reward.json is not valid JSON")
     if not isinstance(rewards, dict):

@@ -11,7 +11,15 @@ from typing import Any, Literal
 
 from pydantic import ConfigDict, Field
 
-from maka_eval.spec.base import ExperimentId, Id, NonBlank, PositiveSeconds, SpecModel
+from maka_eval.spec.base import (
+    ExperimentId,
+    Id,
+    NonBlank,
+    PositiveSeconds,
+    SpecModel,
+    TaskPath,
+    Text,
+)
 from maka_eval.spec.subjects import Subject
 
 SCHEMA_VERSION = "maka.eval.v1"
@@ -40,9 +48,11 @@ class Task(SpecModel):
     """One task of the benchmark."""
 
     id: Id = Field(description="Task id; unique in the experiment.")
-    path: NonBlank | None = Field(
+    path: TaskPath | None = Field(
         default=None,
-        description="Task directory relative to the benchmark folder (default: the id).",
+        description=(
+            "Task directory relative to the benchmark folder, inside it (default: the id)."
+        ),
     )
 
     @property
@@ -55,7 +65,7 @@ class RuntimeHost(SpecModel):
     """The Runtime Host command that runs `maka` subjects."""
 
     command: NonBlank = Field(description="Runtime Host program (on PATH or a path).")
-    args: tuple[str, ...] = Field(default=(), description="Arguments before the profile.")
+    args: tuple[Text, ...] = Field(default=(), description="Arguments before the profile.")
 
 
 class LocalExecutorConfig(SpecModel):

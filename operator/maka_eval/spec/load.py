@@ -7,6 +7,8 @@ is returned unless the whole document is valid.
 from __future__ import annotations
 
 import json
+import os
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,7 +17,12 @@ from typing import Any, Literal
 from pydantic import ValidationError
 
 from maka_eval.errors import Problem, SpecError
-from maka_eval.spec.documents import DocumentError, parse_document
+from maka_eval.spec.documents import (
+    MAX_DOCUMENT_BYTES,
+    DocumentError,
+    parse_document,
+    size_problem,
+)
 from maka_eval.spec.experiment import (
     API_VERSION,
     SCHEMA_VERSION,
@@ -110,19 +117,65 @@ def load_experiment_text(text: str, source: str, base_dir: Path) -> LoadedExperi
     return LoadedExperiment(experiment, form, source, base_dir)
 
 
-def load_experiment_file(path: str | Path) -> LoadedExperiment:
-    """Read, parse and validate an experiment file."""
-    file = Path(path)
+def _read_bounded(file: Path) -> bytes:
+    """The bytes of a regular file of at most MAX_DOCUMENT_BYTES, never blocking.
+
+    O_NONBLOCK makes opening a FIFO return at once; fstat then refuses anything but a
+    regular file (a FIFO, /dev/zero, a socket), and at most the cap plus one byte is read
+    in case the file grew after fstat.
+    """
     try:
-        text = file.read_text(encoding="utf-8")
+        fd = os.open(file, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
         raise SpecError(
             f"{file}: no such file", [Problem(str(file), "check the path to the experiment")]
         ) from None
-    except IsADirectoryError:
-        raise SpecError(
-            f"{file} is a directory", [Problem(str(file), "name the experiment file itself")]
-        ) from None
-    except (OSError, UnicodeDecodeError) as exc:
+    except OSError as exc:
+        raise SpecError(f"{file} cannot be read", [Problem(str(file), str(exc))]) from None
+    try:
+        info = os.fstat(fd)
+        if stat.S_ISDIR(info.st_mode):
+            raise SpecError(
+                f"{file} is a directory", [Problem(str(file), "name the experiment file itself")]
+            )
+        if not stat.S_ISREG(info.st_mode):
+            raise SpecError(
+                f"{file} is not a regular file",
+                [
+                    Problem(
+                        str(file),
+                        "is not a regular file (a pipe, device or socket); save the "
+                        "experiment to a file and name that",
+                    )
+                ],
+            )
+        too_big = size_problem(info.st_size, str(file))
+        if too_big:
+            raise SpecError(f"{file} is too large", [too_big])
+        chunks: list[bytes] = []
+        left = MAX_DOCUMENT_BYTES + 1
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 16))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+    except OSError as exc:
+        raise SpecError(f"{file} cannot be read", [Problem(str(file), str(exc))]) from None
+    finally:
+        os.close(fd)
+    data = b"".join(chunks)
+    too_big = size_problem(len(data), str(file))
+    if too_big:
+        raise SpecError(f"{file} is too large", [too_big])
+    return data
+
+
+def load_experiment_file(path: str | Path) -> LoadedExperiment:
+    """Read, parse and validate an experiment file (a regular file of at most 1 MiB)."""
+    file = Path(path)
+    try:
+        text = _read_bounded(file).decode("utf-8")
+    except UnicodeDecodeError as exc:
         raise SpecError(f"{file} cannot be read", [Problem(str(file), str(exc))]) from None
     return load_experiment_text(text, str(file), file.resolve().parent)

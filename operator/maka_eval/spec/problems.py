@@ -153,7 +153,7 @@ def _message(error: ErrorDetails, walk: _Walk) -> str:
         )
     if kind == "union_tag_not_found":
         return "needs a 'kind' to say which variant this is; add kind: <kind>"
-    if kind == "literal_error":
+    if kind in ("literal_error", "enum"):  # a Literal, or an Enum such as ResultContract
         expected = str(ctx.get("expected", ""))
         options = [o.strip().strip("'") for o in expected.replace(" or ", ",").split(",")]
         given = str(value)
@@ -169,6 +169,8 @@ def _message(error: ErrorDetails, walk: _Walk) -> str:
         return f"must be a string, got {_describe_input(value)}{hint}"
     if kind in ("int_type", "int_parsing", "int_from_float"):
         return f"must be a whole number, got {_describe_input(value)}"
+    if kind == "finite_number":
+        return f"must be a finite number, got {_describe_input(value)}; write a number"
     if kind in ("float_type", "float_parsing"):
         return f"must be a number, got {_describe_input(value)}"
     if kind in ("bool_type", "bool_parsing"):

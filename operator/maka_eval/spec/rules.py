@@ -3,14 +3,91 @@
 They run on the raw document, next to the structural validation, so that one pass
 reports every problem at once: a duplicate id is reported even when another subject
 has a typo in an unrelated field.
+
+`CROSS_FIELD_RULES` lists every rule a Kubernetes structural schema cannot express
+(these, and the few single-field checks a pattern cannot say), so the operator knows
+what it must check beyond the CRD; tests/spec/test_schema.py keeps the list complete.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from maka_eval.errors import Problem
+from maka_eval.spec import ids
+from maka_eval.spec.base import ValueRule, nul_problem
+from maka_eval.spec.paths import normal_task_dir, task_path_problem
+
+
+@dataclass(frozen=True)
+class CrossFieldRule:
+    """A rule the CRD schema cannot express; the operator checks it (via the loader)."""
+
+    name: str
+    description: str
+    checks: tuple[ValueRule, ...] = ()
+    """Single-value checks (base.Check) this rule stands for where no schema keyword can."""
+
+
+CROSS_FIELD_RULES: tuple[CrossFieldRule, ...] = (
+    CrossFieldRule("unique-subject-ids", "subjects[].id are unique in the experiment."),
+    CrossFieldRule("unique-task-ids", "tasks[].id are unique in the experiment."),
+    CrossFieldRule(
+        "distinct-task-directories",
+        "No two tasks name the same folder (path or id, compared after normalizing './', "
+        "'..' and a trailing '/'; reading the tasks compares their real paths too).",
+    ),
+    CrossFieldRule(
+        "task-path-inside-benchmark",
+        "tasks[].path is relative and stays inside the benchmark folder, also after "
+        "symlinks are resolved when the tasks are read.",
+        checks=(task_path_problem,),
+    ),
+    CrossFieldRule("credentials-declared-once", "A subject declares each credential name once."),
+    CrossFieldRule(
+        "bindings-name-declared-credentials",
+        "Each config.credentialBindings value is a credential the same subject declares.",
+    ),
+    CrossFieldRule(
+        "binding-targets-are-free",
+        "A binding target is neither set in config.env nor another declared credential "
+        "passed under its own name.",
+    ),
+    CrossFieldRule(
+        "credentials-not-in-env",
+        "A declared credential gets no literal value in config.env (secrets never come "
+        "from the spec).",
+    ),
+    CrossFieldRule(
+        "reserved-env-names",
+        "config.env and config.credentialBindings do not name a variable maka-eval sets for "
+        "every subject (engine/launch.py: FIXED_ENV, PATH/HOME/TMPDIR, MAKA_EVAL_*).",
+        checks=(ids.reserved_env_problem,),
+    ),
+    CrossFieldRule(
+        "env-map-keys-are-env-names",
+        "Keys of config.env and config.credentialBindings are valid environment variable "
+        "names (a structural schema cannot constrain map keys).",
+        checks=(ids.env_name_problem,),
+    ),
+    CrossFieldRule(
+        "runtime-host-for-maka",
+        "executor.config.runtimeHost is required when any subject has kind 'maka'.",
+    ),
+    CrossFieldRule(
+        "subject-fields-per-kind",
+        "A subject has exactly the fields of its kind: external needs config.command, maka "
+        "needs config.profile, oracle takes no config fields (the CRD merges the kinds "
+        "into one object).",
+    ),
+    CrossFieldRule(
+        "no-nul-bytes",
+        "Commands, arguments, environment values and other texts contain no NUL byte.",
+        checks=(nul_problem,),
+    ),
+)
 
 
 def _items(doc: Mapping[str, Any], key: str) -> list[tuple[int, Mapping[str, Any]]]:
@@ -43,11 +120,30 @@ def _unique_ids(doc: Mapping[str, Any], key: str, prefix: str) -> Iterator[Probl
         )
 
 
+def _task_dir(task: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(normal folder, field naming it) of a task, or None when it names none validly."""
+    path = task.get("path")
+    if path is not None:
+        if not isinstance(path, str) or not path.strip() or task_path_problem(path):
+            return None  # reported on its own
+        return normal_task_dir(path), "path"
+    task_id = task.get("id")
+    return (normal_task_dir(task_id), "id") if isinstance(task_id, str) and task_id else None
+
+
 def _unique_task_dirs(doc: Mapping[str, Any], prefix: str) -> Iterator[Problem]:
-    for i, path, j in _repeats(doc, "tasks", lambda item: item.get("path", item.get("id"))):
+    first: dict[str, int] = {}
+    for i, task in _items(doc, "tasks"):
+        found = _task_dir(task)
+        if found is None:
+            continue
+        folder, field = found
+        if folder not in first:
+            first[folder] = i
+            continue
         yield Problem(
-            f"{prefix}tasks[{i}]",
-            f"uses the same task directory '{path}' as {prefix}tasks[{j}]; "
+            f"{prefix}tasks[{i}].{field}",
+            f"uses the same task directory '{folder}' as {prefix}tasks[{first[folder]}]; "
             "each task must be a different directory (use repetitions for more samples)",
         )
 
@@ -125,13 +221,42 @@ def _runtime_host(doc: Mapping[str, Any], prefix: str) -> Iterator[Problem]:
             return
 
 
+def _unique_subject_ids(doc: Mapping[str, Any], prefix: str) -> Iterator[Problem]:
+    return _unique_ids(doc, "subjects", prefix)
+
+
+def _unique_task_ids(doc: Mapping[str, Any], prefix: str) -> Iterator[Problem]:
+    return _unique_ids(doc, "tasks", prefix)
+
+
+def _subject_environments(doc: Mapping[str, Any], prefix: str) -> Iterator[Problem]:
+    for i, subject in _items(doc, "subjects"):
+        yield from _subject_environment(subject, f"{prefix}subjects[{i}]")
+
+
+DocumentCheck = Callable[[Mapping[str, Any], str], Iterable[Problem]]
+
+DOCUMENT_CHECKS: tuple[tuple[tuple[str, ...], DocumentCheck], ...] = (
+    (("unique-subject-ids",), _unique_subject_ids),
+    (("unique-task-ids",), _unique_task_ids),
+    (("distinct-task-directories",), _unique_task_dirs),
+    (
+        (
+            "credentials-declared-once",
+            "bindings-name-declared-credentials",
+            "binding-targets-are-free",
+            "credentials-not-in-env",
+        ),
+        _subject_environments,
+    ),
+    (("runtime-host-for-maka",), _runtime_host),
+)
+"""Every check `cross_field_problems` runs, with the CROSS_FIELD_RULES it enforces."""
+
+
 def cross_field_problems(spec: Mapping[str, Any], prefix: str) -> list[Problem]:
     """Problems that involve more than one field; `prefix` is '' or 'spec.'."""
     problems: list[Problem] = []
-    problems += _unique_ids(spec, "subjects", prefix)
-    problems += _unique_ids(spec, "tasks", prefix)
-    problems += _unique_task_dirs(spec, prefix)
-    for i, subject in _items(spec, "subjects"):
-        problems += _subject_environment(subject, f"{prefix}subjects[{i}]")
-    problems += _runtime_host(spec, prefix)
+    for _, check in DOCUMENT_CHECKS:
+        problems += check(spec, prefix)
     return problems

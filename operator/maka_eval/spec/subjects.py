@@ -6,9 +6,9 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from maka_eval.spec.base import EnvName, Id, NonBlank, SpecModel, SubjectEnvName
+from maka_eval.engine.classify import ResultContract
+from maka_eval.spec.base import EnvName, Id, NonBlank, SpecModel, SubjectEnvName, Text
 
-ResultContract = Literal["exit-code", "protocol-v1"]
 SessionProfile = Literal["headless-coding-v1"]
 
 
@@ -21,8 +21,8 @@ class ExternalSubjectConfig(SpecModel):
             "experiment file's directory; a bare name is looked up on PATH."
         )
     )
-    args: tuple[str, ...] = Field(default=(), description="Arguments passed to the command.")
-    env: dict[SubjectEnvName, str] = Field(
+    args: tuple[Text, ...] = Field(default=(), description="Arguments passed to the command.")
+    env: dict[SubjectEnvName, Text] = Field(
         default_factory=dict,
         description="Non-secret environment values. Secrets belong in `credentials`.",
     )
@@ -34,7 +34,7 @@ class ExternalSubjectConfig(SpecModel):
         ),
     )
     result_contract: ResultContract = Field(
-        default="exit-code",
+        default=ResultContract.EXIT_CODE,
         description=(
             "'exit-code': stdout is not parsed, usage and cost are null, exit 0 means "
             "completed. 'protocol-v1': the subject writes a bounded result frame "
@@ -50,7 +50,7 @@ class MakaSubjectConfig(SpecModel):
         description="Frozen session profile the Runtime Host runs the subject with."
     )
     model: NonBlank | None = Field(default=None, description="Model the Runtime Host uses.")
-    args: tuple[str, ...] = Field(
+    args: tuple[Text, ...] = Field(
         default=(), description="Extra arguments appended to the Runtime Host command."
     )
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import stat
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -42,23 +43,58 @@ class TaskDefinition:
 
 
 def directory_digest(root: Path) -> str:
-    """sha256 over every file's relative path, executable bit and content, in path order."""
+    """sha256 over every file's relative path, executable bit and content, in path order.
+
+    Symlinks are followed (a linked `tests/` folder is part of the task: a changed
+    verifier must change the digest); a link back to a folder above it is recorded, not
+    followed. Only regular files are read: a FIFO or device is recorded by its type.
+    """
     digest = hashlib.sha256()
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames.sort()
-        for name in sorted(filenames):
-            path = Path(dirpath, name)
-            relative = path.relative_to(root).as_posix()
-            executable = os.access(path, os.X_OK)
-            digest.update(f"{relative}\0{int(executable)}\0".encode())
-            if path.is_symlink():
-                digest.update(b"symlink\0" + os.readlink(path).encode())
-            else:
-                with path.open("rb") as handle:
-                    for chunk in iter(lambda: handle.read(1 << 16), b""):
-                        digest.update(chunk)
-            digest.update(b"\0")
+    info = root.stat()
+    _digest_folder(digest, root, "", frozenset({(info.st_dev, info.st_ino)}))
     return "sha256:" + digest.hexdigest()
+
+
+def _digest_folder(
+    digest: Any, folder: Path, prefix: str, ancestors: frozenset[tuple[int, int]]
+) -> None:
+    # The files of a folder, then its subfolders, each in name order (the order os.walk
+    # gave before links were followed, so digests of link-free tasks did not change).
+    try:
+        names = sorted(os.listdir(folder))
+    except OSError:
+        digest.update(f"{prefix}\0unreadable\0".encode())
+        return
+    files: list[tuple[str, os.stat_result | None]] = []
+    folders: list[tuple[str, os.stat_result]] = []
+    for name in names:
+        try:
+            info: os.stat_result | None = (folder / name).stat()
+        except OSError:  # a dangling link or a link loop
+            info = None
+        if info is not None and stat.S_ISDIR(info.st_mode):
+            folders.append((name, info))
+        else:
+            files.append((name, info))
+    for name, info in files:
+        path = folder / name
+        digest.update(f"{prefix}{name}\0{int(os.access(path, os.X_OK))}\0".encode())
+        if info is None:
+            target = os.readlink(path) if path.is_symlink() else ""
+            digest.update(b"dangling\0" + target.encode())
+        elif stat.S_ISREG(info.st_mode):
+            with path.open("rb") as handle:
+                for chunk in iter(lambda: handle.read(1 << 16), b""):
+                    digest.update(chunk)
+        else:
+            digest.update(f"special\0{stat.S_IFMT(info.st_mode):o}".encode())
+        digest.update(b"\0")
+    for name, info in folders:
+        key = (info.st_dev, info.st_ino)
+        if key in ancestors:
+            digest.update(f"{prefix}{name}/\0cycle\0".encode())
+            continue
+        _digest_folder(digest, folder / name, f"{prefix}{name}/", ancestors | {key})
 
 
 def _timeout(table: Any, where: str, problems: list[Problem]) -> float | None:
@@ -164,10 +200,31 @@ def load_tasks(
         )
     tasks: dict[str, TaskDefinition] = {}
     problems: list[Problem] = []
+    seen: dict[Path, int] = {}
     for index, task in enumerate(experiment.spec.tasks):
-        definition, found = load_task(
-            task.id, root / task.directory_name, f"{prefix}tasks[{index}]"
-        )
+        where = f"{prefix}tasks[{index}]"
+        folder = root / task.directory_name
+        real = folder.resolve()  # symlinks too: the spec's lexical check cannot see them
+        if real == root or not real.is_relative_to(root):
+            problems.append(
+                Problem(
+                    f"{where}.path",
+                    f"{folder} resolves to {real}, outside the benchmark folder {root}; "
+                    "move the task inside it or fix the symlink",
+                )
+            )
+            continue
+        if real in seen:
+            problems.append(
+                Problem(
+                    f"{where}.path",
+                    f"{folder} is the same task directory as {prefix}tasks[{seen[real]}] "
+                    f"(both are {real}); each task must be a different directory",
+                )
+            )
+            continue
+        seen[real] = index
+        definition, found = load_task(task.id, real, where)
         problems += found
         if definition is not None:
             tasks[task.id] = definition
