@@ -1,8 +1,16 @@
 #!/usr/bin/env bash
 # The test command (README, second line; .ci/run runs it): a fresh virtualenv with the
-# package and its test tools, then lint, type-check and the whole test suite.
+# package and its test tools, the machine tools the sandbox tests need, then lint,
+# type-check and the whole test suite. The container engine (hack/podman.sh) and the
+# Kubernetes control plane (hack/envtest.sh) are installed, built and started by the
+# test sessions that need them, and cached outside the repository.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if [ "$(id -u)" = 0 ] && ! command -v bwrap >/dev/null; then
+    # The process sandbox makes each attempt's namespaces with bubblewrap.
+    apt-get install -y -q bubblewrap >/dev/null 2>&1 \
+        || { apt-get update -q >/dev/null && apt-get install -y -q bubblewrap >/dev/null; }
+fi
 python3 -m venv .venv
 .venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[test]'
 .venv/bin/ruff check .

@@ -64,6 +64,10 @@ BASE: dict[str, Any] = {
 }
 
 
+# Plain processes: for tests that watch subjects from the host (pid files, shared logs).
+PLAIN_PROCESSES: dict[str, Any] = {"kind": "local", "config": {"isolation": "none"}}
+
+
 # The example mistake: a credential name with a space, in the second subject.
 BAD_CREDENTIAL_SUBJECTS: list[dict[str, Any]] = [
     {"id": "a", "kind": "external", "config": {"command": "true"}},

@@ -17,7 +17,7 @@ from maka_eval.analysis.summary import summarize
 from maka_eval.engine.selection import CellState
 from maka_eval.store.lock import LOCK_NAME, LockState, inspect_lock
 from maka_eval.store.run_store import read_run
-from tests.helpers import make_task, spec, write_experiment
+from tests.helpers import PLAIN_PROCESSES, make_task, spec, write_experiment
 
 pytestmark = pytest.mark.slow
 
@@ -58,6 +58,7 @@ def test_ctrl_c_quiesces_records_cancelled_and_resume_completes(tmp_path):
     experiment = write_experiment(
         tmp_path,
         spec(
+            executor=PLAIN_PROCESSES,
             subjects=[subject],
             tasks=[{"id": t} for t in "abc"],
             execution={"maxConcurrentTaskGroups": 2},

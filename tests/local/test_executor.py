@@ -19,7 +19,7 @@ from maka_eval.errors import CellSelectionError, PrerequisiteError, StoreError
 from maka_eval.local.events import BudgetReached, RunStarted
 from maka_eval.relay.processes import CancelToken
 from maka_eval.store.run_store import artifact_path, read_run
-from tests.helpers import REWARD_ONE, files_containing, spec, write_script
+from tests.helpers import PLAIN_PROCESSES, REWARD_ONE, files_containing, spec, write_script
 
 S = AttemptStatus
 TOUCH = {"id": "done", "kind": "external", "config": {"command": "touch", "args": ["done.txt"]}}
@@ -206,6 +206,7 @@ def test_groups_start_together_and_respect_the_concurrency_limit(setup, tmp_path
     ]
     s = setup(
         spec(
+            executor=PLAIN_PROCESSES,
             subjects=subjects,
             tasks=[{"id": f"t{i}"} for i in range(4)],
             repetitions=2,
@@ -332,7 +333,7 @@ def test_orphans_without_the_marker_do_not_outlive_the_run(setup, tmp_path):
             "args": ["-c", f"( env -i /bin/sleep 1010 & echo $! > {pid_file} ); touch done.txt"],
         },
     }
-    s = setup(spec(subjects=[sneaky]))
+    s = setup(spec(subjects=[sneaky], executor=PLAIN_PROCESSES))
     s.run()
     pid = int(pid_file.read_text())
     stat = Path(f"/proc/{pid}/stat")

@@ -15,7 +15,7 @@ import pytest
 from maka_eval.engine.status import AttemptStatus, StatusSource, Trigger
 from maka_eval.errors import ResourceError, StoreError
 from maka_eval.store.run_store import artifact_path, read_run
-from tests.helpers import files_containing, spec, write_script
+from tests.helpers import PLAIN_PROCESSES, files_containing, spec, write_script
 
 S = AttemptStatus
 SECRET_A = "sk-alpha-0123456789abcdef"
@@ -119,8 +119,10 @@ def _two_subjects_with_secrets(frame: dict, reward: str, drop: Path) -> dict:
 )
 def test_no_credential_value_reaches_any_record_field_or_artifact(setup, frame, test_sh, tmp_path):
     parts = _two_subjects_with_secrets(frame, test_sh, tmp_path / "shared-drop")
+    # Plain processes, so that bravo can steal alpha's key through a shared file; the
+    # sandbox tests prove that, isolated, it cannot.
     s = setup(
-        spec(subjects=parts["subjects"]),
+        spec(subjects=parts["subjects"], executor=PLAIN_PROCESSES),
         {"t1": {"test_sh": "#!/bin/sh\n" + test_sh + "\n"}},
     )
     s.run(host_env={"PATH": "/usr/local/bin:/usr/bin:/bin", "ALPHA": SECRET_A, "BRAVO": SECRET_B})

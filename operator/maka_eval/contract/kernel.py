@@ -27,6 +27,8 @@ MAX_KERNEL_BYTES = 4096
 RELAY_BUDGET_BYTES = 3072
 """What the relay fills; the rest is reserved for metered usage (the egress proxy)."""
 REASON_LIMIT = 400
+MAX_NOTES = 4
+NOTE_LIMIT = 240
 MAX_METRICS = 32
 METRIC_NAME_LIMIT = 64
 ARTIFACT_NAME_LIMIT = 200
@@ -43,6 +45,8 @@ _KERNEL_KEYS = frozenset(
         "durationSec",
         "artifacts",
         "artifactsOmitted",
+        "isolation",
+        "notes",
         "statusSource",
         "reason",
         "exitCode",
@@ -103,6 +107,11 @@ class ResultKernel:
     """Every value the verifier reported (reward.json), the score among them."""
     artifacts_omitted: int = 0
     """Artifacts left out of the kernel to keep it within its bound."""
+    isolation: str | None = None
+    """What separated the subject from the host and other cells ('namespaces',
+    'container', 'none'); None when the executor did not say."""
+    notes: tuple[str, ...] = ()
+    """What the relay noticed that a reader must know (suspected tampering)."""
 
     def __post_init__(self) -> None:
         check(self)
@@ -126,6 +135,10 @@ class ResultKernel:
             out["exitCode"] = self.exit_code
         if self.artifacts_omitted:
             out["artifactsOmitted"] = self.artifacts_omitted
+        if self.isolation is not None:
+            out["isolation"] = self.isolation
+        if self.notes:
+            out["notes"] = list(self.notes)
         return out
 
     def to_json(self) -> str:
@@ -185,6 +198,8 @@ class ResultKernel:
                 exit_code=f.integer("exitCode", optional=True, minimum=-(2**31)),
                 metrics=metrics,
                 artifacts_omitted=f.integer("artifactsOmitted", optional=True) or 0,
+                isolation=f.string("isolation", optional=True, limit=32),
+                notes=_notes(f),
             )
         except ContractError as exc:
             raise ContractError(f"{where + ': ' if where else ''}{exc}") from None
@@ -220,6 +235,13 @@ def _member(enum: type[E], f: Fields, key: str) -> E:
         raise ContractError(f"{f.path(key)}: must be one of {allowed}") from None
 
 
+def _notes(f: Fields) -> tuple[str, ...]:
+    raw = f.raw("notes") or []
+    if not isinstance(raw, list) or not all(isinstance(n, str) for n in raw):
+        raise ContractError(f"{f.path('notes')}: must be a list of strings")
+    return tuple(raw)
+
+
 def check(kernel: ResultKernel) -> None:
     """The kernel's own consistency rules; ContractError names the first one broken."""
     status = kernel.status
@@ -249,5 +271,9 @@ def check(kernel: ResultKernel) -> None:
     names = [a.name for a in kernel.artifacts]
     if len(set(names)) != len(names):
         raise ContractError("artifacts: names must be unique")
+    if kernel.isolation not in (None, "namespaces", "container", "none"):
+        raise ContractError("isolation: must be 'namespaces', 'container' or 'none'")
+    if len(kernel.notes) > MAX_NOTES or any(len(n) > NOTE_LIMIT for n in kernel.notes):
+        raise ContractError(f"notes: at most {MAX_NOTES}, each at most {NOTE_LIMIT} characters")
     if kernel.artifacts_omitted < 0:
         raise ContractError("artifactsOmitted: must be at least 0")

@@ -57,7 +57,7 @@ from maka_eval.local.prerequisites import ResolvedCommands, check_prerequisites,
 from maka_eval.relay.attempt import run_attempt
 from maka_eval.relay.processes import CancelToken, ProcessSupervisor
 from maka_eval.spec.load import LoadedExperiment
-from maka_eval.spec.task_directory import TaskDefinition
+from maka_eval.spec.task_directory import TaskDefinition, benchmark_root
 from maka_eval.store.run_store import RunIdentity, RunWriter, cell_path
 
 
@@ -167,6 +167,7 @@ class LocalRun:
         self._commands: ResolvedCommands | None = None
         self._work: Path | None = None
         self._host_problem: str | None = None
+        self._hidden: tuple[str, ...] = ()
 
     # -- the run --------------------------------------------------------------------
     def run(self) -> RunReport:
@@ -185,6 +186,12 @@ class LocalRun:
             }
             requests = self._requests(attempts)
             self._work = work_root(self.host_env) / writer.run_id
+            # No sandbox sees the run folder, any workspace, or the tasks' folder.
+            self._hidden = (
+                str(self.run_dir.resolve()),
+                str(self._work.parent.resolve()),
+                str(benchmark_root(self.experiment, self.loaded.base_dir)),
+            )
             # We hold the writer lock: whatever is here is left from a writer that died.
             shutil.rmtree(self._work, ignore_errors=True)
             self._work.mkdir(parents=True)
@@ -394,6 +401,7 @@ class LocalRun:
             attempt_id=attempt_id,
             attempt_root=attempt_root,
             artifacts_dir=slot.artifacts_dir,
+            hidden=self._hidden,
         )
         self.events(AttemptStarted(cell.id, cell.subject_id, slot.number))
         outcome = run_attempt(plan, self.supervisor, self.cancel, self.host_env, start_gate=gate)

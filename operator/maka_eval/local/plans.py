@@ -22,6 +22,7 @@ def attempt_plan(
     attempt_id: str,
     attempt_root: Path,
     artifacts_dir: Path,
+    hidden: tuple[str, ...] = (),
 ) -> AttemptPlan:
     """The relay plan for one attempt of `cell`."""
     spec = experiment.spec
@@ -56,4 +57,8 @@ def attempt_plan(
         score_key=spec.verifier.config.score_key,
         redact=tuple(dict.fromkeys(c for s in spec.subjects for c in s.credentials)),
         output_limit_bytes=spec.execution.max_output_bytes,
+        isolation=commands.isolation,
+        hidden=hidden,
+        # The subject's own program stays visible, wherever it lives.
+        visible=(str(Path(launch.argv[0]).parent),) if "/" in launch.argv[0] else (),
     )

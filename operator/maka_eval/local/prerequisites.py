@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from maka_eval.errors import PrerequisiteError, Problem
+from maka_eval.sandbox.process import namespaces_unavailable
 from maka_eval.spec.experiment import Experiment
 from maka_eval.spec.load import LoadedExperiment
 from maka_eval.spec.subjects import ExternalSubject, MakaSubject, OracleSubject
@@ -53,10 +54,20 @@ def _command_problem(command: str, where: str, base_dir: Path) -> Problem:
 
 @dataclass(frozen=True)
 class ResolvedCommands:
-    """Absolute programs for each subject id (and the Runtime Host)."""
+    """Absolute programs for each subject id (and the Runtime Host), and what isolates
+    the attempts here."""
 
     subjects: Mapping[str, Path]
     runtime_host: Path | None
+    isolation: str = "none"
+    """'namespaces' or 'none': `executor.config.isolation` resolved on this machine."""
+
+
+def resolve_isolation(asked: str) -> str:
+    """'auto' becomes what this machine can do."""
+    if asked == "auto":
+        return "namespaces" if namespaces_unavailable() is None else "none"
+    return asked
 
 
 def _prefix(loaded: LoadedExperiment) -> str:
@@ -139,6 +150,17 @@ def check_prerequisites(
                 )
             )
 
+    if spec.executor.config.isolation == "namespaces":
+        why = namespaces_unavailable()
+        if why is not None:
+            problems.append(
+                Problem(
+                    f"{prefix}executor.config.isolation",
+                    f"'namespaces' was asked for, but {why}; nothing runs unisolated when "
+                    "isolation is asked for (set isolation: auto or none to run anyway)",
+                )
+            )
+
     work = host_env.get(WORK_DIR_VARIABLE)
     if work and not (Path(work).is_dir() and os.access(work, os.W_OK)):
         problems.append(
@@ -149,4 +171,4 @@ def check_prerequisites(
         raise PrerequisiteError(
             f"{len(problems)} prerequisite(s) missing; nothing was started:", problems
         )
-    return ResolvedCommands(commands, host_path)
+    return ResolvedCommands(commands, host_path, resolve_isolation(spec.executor.config.isolation))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import os
 import shutil
 import stat
@@ -42,12 +43,21 @@ from maka_eval.relay.output import DiskFull, OutputCapture
 from maka_eval.relay.plan import AttemptPlan
 from maka_eval.relay.processes import CancelToken, ProcessSupervisor, WaitEnd
 from maka_eval.relay.verifier import read_reward
+from maka_eval.sandbox.base import Isolation, Layout, Phase
+from maka_eval.sandbox.process import interpreted, make_sandbox
 
 LOW_DISK_BYTES = 1 << 20
 """Below this much free space a file system counts as full: nothing an attempt wrote
 there (output, rewards, records) can be trusted to be whole."""
 
 OUTPUT_NAMES = ("subject.stdout", "subject.stderr", "verifier.stdout", "verifier.stderr")
+
+
+def _file_digest(path: Path) -> str | None:
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:
+        return None
 
 
 def full_file_system(*paths: str) -> str | None:
@@ -97,14 +107,18 @@ class AttemptLayout:
         return self.root / "logs" / "verifier"
 
     @property
+    def agent_logs(self) -> Path:
+        return self.root / "logs" / "agent"
+
+    @property
     def output(self) -> Path:
         """Where the relay writes captured output (never inside the workspace)."""
         return self.root
 
     def create(self, *, frame: bool) -> None:
         self.root.mkdir(parents=True, exist_ok=False)
-        for path in (self.workspace, self.home, self.tmp):
-            path.mkdir()
+        for path in (self.workspace, self.home, self.tmp, self.agent_logs):
+            path.mkdir(parents=True)
         if frame:
             self.frame_dir.mkdir()
 
@@ -157,6 +171,33 @@ class _Attempt:
         self.base_env: dict[str, str] = {}
         self.captures: dict[str, OutputCapture] = {}
         self.disk_full: str | None = None
+        self.notes: list[str] = []
+        self._reward_read: tuple[str, str | None] | None = None
+        layout = self.layout
+        self.sandbox = make_sandbox(
+            Isolation(plan.isolation),
+            supervisor,
+            plan.attempt_id,
+            Layout(
+                workspace=str(layout.workspace),
+                home=str(layout.home),
+                tmp=str(layout.tmp),
+                frame_dir=(
+                    str(layout.frame_dir)
+                    if plan.subject.contract is ResultContract.PROTOCOL_V1
+                    else None
+                ),
+                instruction=str(layout.instruction),
+                agent_logs=str(layout.agent_logs),
+                tests=str(layout.tests),
+                verifier_logs=str(layout.verifier_logs),
+                subject_dirs={
+                    str(layout.root / name): f"/{name}" for name in plan.subject.extra_dirs
+                },
+                hidden=plan.hidden,
+                visible=plan.visible,
+            ),
+        )
         # Every credential of the experiment, whichever subject declared it: a subject
         # that got hold of another's value must not carry it out of the attempt.
         self.redactor = Redactor.of(
@@ -222,8 +263,9 @@ class _Attempt:
         )
         out, err = self._capture("subject")
         try:
-            proc = self.supervisor.spawn(
-                list(plan.subject.argv),
+            proc = self.sandbox.spawn(
+                Phase.SUBJECT,
+                interpreted(plan.subject.argv),
                 cwd=str(layout.workspace),
                 env=env,
                 stdout=out.child_fd,
@@ -238,12 +280,12 @@ class _Attempt:
             out.started()
             err.started()
         self.subject_started_at = time.time()
-        end = self.supervisor.wait(
+        end = self.sandbox.wait(
             proc, plan.agent_timeout_sec, self.cancel, tuple(self.captures.values())
         )
         if end is not WaitEnd.EXITED:
-            self.supervisor.quiesce([proc.pid], plan.attempt_id)
-        code = self.supervisor.release(proc)
+            self.sandbox.quiesce(Phase.SUBJECT, proc)
+        code = self.sandbox.release(proc)
         self.disk_full = self.disk_full or full_file_system(str(layout.root))
         return Execution(
             _END[end],
@@ -265,7 +307,7 @@ class _Attempt:
         plan, layout = self.plan, self.layout
         # Tests reach the attempt only now, after the subject has stopped.
         _copy_tree(plan.tests_dir, layout.tests)
-        layout.verifier_logs.mkdir(parents=True, exist_ok=True)
+        self._fresh_verifier_logs()
         script = layout.tests / "test.sh"
         _make_executable(script)
         env = dict(plan.verifier_env)
@@ -279,36 +321,26 @@ class _Attempt:
         )
         env.update(self.base_env)
         out, err = self._capture("verifier")
-        argv = [str(script)]
         try:
-            try:
-                proc = self.supervisor.spawn(
-                    argv,
-                    cwd=str(layout.workspace),
-                    env=env,
-                    stdout=out.child_fd,
-                    stderr=err.child_fd,
-                )
-            except OSError as exc:
-                if exc.errno != errno.ENOEXEC:
-                    return Verification(None, f"cannot start tests/test.sh: {exc.strerror}")
-                # No shebang: run it the way a shell would.
-                proc = self.supervisor.spawn(
-                    ["/bin/sh", *argv],
-                    cwd=str(layout.workspace),
-                    env=env,
-                    stdout=out.child_fd,
-                    stderr=err.child_fd,
-                )
+            proc = self.sandbox.spawn(
+                Phase.VERIFIER,
+                interpreted([str(script)]),
+                cwd=str(layout.workspace),
+                env=env,
+                stdout=out.child_fd,
+                stderr=err.child_fd,
+            )
+        except OSError as exc:
+            return Verification(None, f"cannot start tests/test.sh: {exc.strerror or exc}")
         finally:
             out.started()
             err.started()
-        end = self.supervisor.wait(
+        end = self.sandbox.wait(
             proc, plan.verifier_timeout_sec, self.cancel, tuple(self.captures.values())
         )
         if end is not WaitEnd.EXITED:
-            self.supervisor.quiesce([proc.pid], plan.attempt_id)
-        self.supervisor.release(proc)
+            self.sandbox.quiesce(Phase.VERIFIER, proc)
+        self.sandbox.release(proc)
         self.disk_full = self.disk_full or full_file_system(str(layout.root), plan.artifacts_dir)
         if end is WaitEnd.CANCELLED:
             return None
@@ -316,15 +348,44 @@ class _Attempt:
             return Verification(
                 None, f"the verifier timed out after {plan.verifier_timeout_sec:g}s"
             )
-        verification, _ = read_reward(
+        verification, source = read_reward(
             str(layout.verifier_logs), plan.score_key, scrub=self.redactor.scrub
         )
+        if source is not None:
+            self._reward_read = (source, _file_digest(layout.verifier_logs / source))
         return verification
+
+    def _fresh_verifier_logs(self) -> None:
+        """The verifier's log folder is made empty now, after the subject has finished;
+        anything already there was put there by the subject: moved aside and noted."""
+        logs = self.layout.verifier_logs
+        if logs.exists() or logs.is_symlink():
+            aside = logs.with_name("verifier.before-verifier")
+            os.replace(logs, aside)
+            found = sorted(p.name for p in aside.iterdir()) if aside.is_dir() else [logs.name]
+            self.notes.append(
+                "suspected tampering: the verifier's log folder existed before the verifier "
+                f"started ({', '.join(found)[:120] or 'empty'}); it was set aside, not read"
+            )
+        logs.mkdir(parents=True)
+
+    def _check_reward_unchanged(self) -> None:
+        """After everything stopped: a reward file that changed since the verifier exited
+        was touched by something else; the value read at the verifier's exit stands."""
+        if self._reward_read is None:
+            return
+        name, digest = self._reward_read
+        if _file_digest(self.layout.verifier_logs / name) != digest:
+            self.notes.append(
+                f"suspected tampering: {name} changed after the verifier exited; the value "
+                "read when it exited was used"
+            )
 
     def cleanup(self) -> None:
         """The attempt is over: nothing of it may outlive it; close its output."""
         try:
-            self.supervisor.end_attempt(self.plan.attempt_id)
+            self.sandbox.stop()
+            self._check_reward_unchanged()
         finally:
             for capture in self.captures.values():
                 try:
@@ -375,6 +436,7 @@ class _Attempt:
         t_prepared = t_subject = t_verified = t0
         try:
             self.prepare()
+            self.sandbox.start()
             t_prepared = time.perf_counter()
             self.pass_gate()
             execution = self.run_subject()
@@ -441,6 +503,8 @@ class _Attempt:
                 self.timings["subjectSec"],
                 artifacts,
                 self.redactor,
+                isolation=self.sandbox.isolation.value,
+                notes=tuple(self.notes),
             ),
         )
 

@@ -11,7 +11,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from maka_eval.artifacts import Redactor
-from maka_eval.contract.kernel import REASON_LIMIT, ArtifactEntry, ResultKernel
+from maka_eval.contract.kernel import (
+    MAX_NOTES,
+    NOTE_LIMIT,
+    REASON_LIMIT,
+    ArtifactEntry,
+    ResultKernel,
+)
 from maka_eval.engine.classify import Classification, Execution, Frame, Verification
 
 
@@ -42,6 +48,8 @@ def build_kernel(
     duration_sec: float,
     artifacts: tuple[ArtifactEntry, ...],
     redactor: Redactor,
+    isolation: str | None = None,
+    notes: tuple[str, ...] = (),
 ) -> ResultKernel:
     """The result kernel: every string redacted, fitted to the relay's share of the bound."""
     c = classification
@@ -60,4 +68,6 @@ def build_kernel(
         reason=reason,
         exit_code=c.exit_code,
         metrics=dict(list(metrics.items())[:32]),
+        isolation=isolation,
+        notes=tuple(redactor.text(n)[:NOTE_LIMIT] for n in notes[:MAX_NOTES]),
     ).fitted()

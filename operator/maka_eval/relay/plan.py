@@ -51,6 +51,12 @@ class AttemptPlan:
     leaves the relay (artifacts, reasons, metric names) is replaced by [redacted:NAME],
     whichever subject it came from."""
     output_limit_bytes: int = DEFAULT_OUTPUT_LIMIT
+    isolation: str = "none"
+    """'namespaces' (own PID, mount, IPC, UTS, network namespaces) or 'none'."""
+    hidden: tuple[str, ...] = ()
+    """Host folders the sandbox hides (the run folder, all workspaces, the tasks)."""
+    visible: tuple[str, ...] = ()
+    """Host paths under a hidden folder that the subject still needs (its program)."""
 
     def to_json(self) -> str:
         """Serialize for the relay program (`python -m maka_eval.relay`)."""
@@ -58,6 +64,8 @@ class AttemptPlan:
         data["subject"]["contract"] = self.subject.contract.value
         data["subject"]["argv"] = list(self.subject.argv)
         data["redact"] = list(self.redact)
+        data["hidden"] = list(self.hidden)
+        data["visible"] = list(self.visible)
         return json.dumps(data, indent=2, sort_keys=True)
 
     @classmethod
@@ -71,7 +79,13 @@ class AttemptPlan:
                 contract=ResultContract(subject.pop("contract")),
                 **subject,
             )
-            plan = cls(subject=launch, redact=tuple(data.pop("redact", ())), **data)
+            plan = cls(
+                subject=launch,
+                redact=tuple(data.pop("redact", ())),
+                hidden=tuple(data.pop("hidden", ())),
+                visible=tuple(data.pop("visible", ())),
+                **data,
+            )
         except (KeyError, TypeError, ValueError, AttributeError, RecursionError) as exc:
             raise PlanError(f"the relay plan is malformed: {exc}") from None
         if not plan.subject.argv:

@@ -74,6 +74,17 @@ class LocalExecutorConfig(SpecModel):
     runtime_host: RuntimeHost | None = Field(
         default=None, description="Required when any subject has kind 'maka'."
     )
+    isolation: Literal["auto", "namespaces", "none"] = Field(
+        default="auto",
+        description=(
+            "How each attempt is separated from this machine and from other cells. "
+            "'namespaces': own PID, mount, IPC, UTS and network namespaces (Linux, root, "
+            "bubblewrap): the run folder, other workspaces, the tasks' tests and solutions "
+            "and the executor's processes are out of sight, and the network is the cell's "
+            "own loopback only. 'none': plain processes (nothing hidden; recorded). "
+            "'auto': namespaces where this machine can make them, else none."
+        ),
+    )
 
 
 class LocalExecutor(SpecModel):

@@ -1,0 +1,106 @@
+"""The sandbox interface the relay runs one attempt against (Harbor's environment shape).
+
+The relay prepares the attempt's folders on the host, then asks the sandbox to start,
+to run the subject and later the verifier in it, to stop what the subject left when it
+is cut off, and finally to tear everything down. What the subject can see and reach is
+the sandbox's business: a backend that cannot isolate says so (`Isolation.NONE`), and
+the record carries it.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import IO, Protocol
+
+from maka_eval.relay.output import OutputCapture
+from maka_eval.relay.processes import CancelToken, WaitEnd
+
+
+class Isolation(StrEnum):
+    """What separates a subject from the host and from other cells."""
+
+    NAMESPACES = "namespaces"
+    """Own PID, mount, IPC, UTS and network namespaces: the run folder, other cells,
+    the task's tests and solution and the executor's processes are out of sight."""
+    NONE = "none"
+    """Plain processes of this machine: nothing is hidden (recorded as such)."""
+
+
+class Phase(StrEnum):
+    """Which program of the attempt runs."""
+
+    SUBJECT = "subject"
+    VERIFIER = "verifier"
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Host folders of one attempt and where each is seen inside the sandbox."""
+
+    workspace: str
+    home: str
+    tmp: str
+    frame_dir: str | None
+    instruction: str
+    agent_logs: str
+    tests: str
+    verifier_logs: str
+    subject_dirs: Mapping[str, str] = field(default_factory=dict)
+    """Extra folders for the subject only (the oracle's solution): host path -> path
+    inside the sandbox."""
+    hidden: Sequence[str] = ()
+    """Host folders no sandbox may see (the run folder, every workspace, the tasks)."""
+    visible: Sequence[str] = ()
+    """Host paths under a hidden folder the subject still needs (its own program)."""
+
+    TESTS_PATH = "/tests"
+    VERIFIER_LOGS_PATH = "/logs/verifier"
+    AGENT_LOGS_PATH = "/logs/agent"
+
+
+class Sandbox(Protocol):
+    """Runs one attempt's processes; the relay owns everything else."""
+
+    isolation: Isolation
+
+    def start(self) -> None:
+        """Make the sandbox (before the subject, after the workspace is prepared)."""
+
+    def path_of(self, phase: Phase, host_path: str) -> str:
+        """Where a host folder of the layout is seen by `phase`'s processes."""
+
+    def spawn(
+        self,
+        phase: Phase,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str],
+        cwd: str,
+        stdout: IO[bytes] | int,
+        stderr: IO[bytes] | int,
+    ) -> subprocess.Popen[bytes]:
+        """Start a program of the attempt (OSError when it cannot start)."""
+
+    def wait(
+        self,
+        proc: subprocess.Popen[bytes],
+        timeout: float,
+        cancel: CancelToken,
+        captures: Sequence[OutputCapture] = (),
+    ) -> WaitEnd:
+        """Wait for exit, the timeout or cancellation."""
+
+    def release(self, proc: subprocess.Popen[bytes]) -> int:
+        """Reap a program that ended; its exit code."""
+
+    def quiesce(self, phase: Phase, proc: subprocess.Popen[bytes]) -> None:
+        """Stop `phase`'s program and everything it started, now."""
+
+    def processes(self) -> list[int]:
+        """Host pids of the attempt's processes still alive."""
+
+    def stop(self) -> None:
+        """The attempt is over: nothing of it may survive."""

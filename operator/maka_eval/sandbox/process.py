@@ -1,0 +1,404 @@
+"""The process backend: the attempt runs as processes of this machine.
+
+Two ways, chosen per attempt:
+
+- `Namespaces` (Linux, root, bubblewrap): a holder process owns fresh PID, mount, IPC,
+  UTS and network namespaces. The subject is entered into them with `nsenter`, so its
+  exit code comes from a process it cannot reach; inside, it sees its workspace, its
+  home and /tmp (on disk, in the attempt folder), the instruction, and the machine's
+  files read-only -- but not the run folder, other cells' workspaces, the tasks' tests
+  and solutions, /run (engine sockets), or any process but its own. Processes it leaves
+  behind live on in the holder's namespaces until the verifier has run, and die with
+  the holder. The verifier runs in a namespace of its own that shares only the
+  subject's network (a server the subject left still answers on localhost) and is the
+  only one that sees the tests and the verifier's log folder, so nothing the subject
+  left running can write a reward.
+- `PlainProcesses`: the attempt's processes carry a marker and the relay finds and
+  kills them by it (see relay.processes). Nothing is hidden; the record says so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from functools import cache
+from typing import IO
+
+from maka_eval.process_table import snapshot
+from maka_eval.relay.output import OutputCapture
+from maka_eval.relay.processes import CancelToken, ProcessSupervisor, WaitEnd
+from maka_eval.sandbox.base import Isolation, Layout, Phase
+
+# Top-level folders the sandbox makes anew instead of showing the host's.
+_FRESH = frozenset({"proc", "dev", "tmp", "run", "lost+found"})
+HOLDER_START_TIMEOUT = 10.0
+TMP_BYTES = 1 << 30
+"""Size of a sandbox's own /tmp (memory-backed); TMPDIR points at the attempt's folder."""
+
+
+class PlainProcesses:
+    """Processes of this machine, found by the attempt's marker (no isolation)."""
+
+    isolation = Isolation.NONE
+
+    def __init__(self, supervisor: ProcessSupervisor, attempt_id: str, layout: Layout) -> None:
+        self.supervisor = supervisor
+        self.attempt_id = attempt_id
+        self.layout = layout
+
+    def start(self) -> None:
+        """Nothing to make: the attempt's folders are the sandbox."""
+
+    def path_of(self, phase: Phase, host_path: str) -> str:
+        return host_path
+
+    def spawn(
+        self,
+        phase: Phase,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str],
+        cwd: str,
+        stdout: IO[bytes] | int,
+        stderr: IO[bytes] | int,
+    ) -> subprocess.Popen[bytes]:
+        return self.supervisor.spawn(list(argv), cwd=cwd, env=env, stdout=stdout, stderr=stderr)
+
+    def wait(
+        self,
+        proc: subprocess.Popen[bytes],
+        timeout: float,
+        cancel: CancelToken,
+        captures: Sequence[OutputCapture] = (),
+    ) -> WaitEnd:
+        return self.supervisor.wait(proc, timeout, cancel, captures)
+
+    def release(self, proc: subprocess.Popen[bytes]) -> int:
+        return self.supervisor.release(proc)
+
+    def quiesce(self, phase: Phase, proc: subprocess.Popen[bytes]) -> None:
+        self.supervisor.quiesce([proc.pid], self.attempt_id)
+
+    def processes(self) -> list[int]:
+        return sorted(self.supervisor.members([], self.attempt_id))
+
+    def stop(self) -> None:
+        self.supervisor.end_attempt(self.attempt_id)
+
+
+@cache
+def namespaces_unavailable() -> str | None:
+    """Why this machine cannot give attempts their own namespaces, or None if it can."""
+    if not sys.platform.startswith("linux"):
+        return f"namespaces need Linux (this is {sys.platform})"
+    if os.geteuid() != 0:
+        return "namespaces need root (run maka-eval as root, or set isolation: none)"
+    for tool, package in (("bwrap", "bubblewrap"), ("nsenter", "util-linux")):
+        if shutil.which(tool) is None:
+            return f"'{tool}' is not installed (Debian package {package})"
+    probe = subprocess.run(
+        [
+            "bwrap",
+            "--unshare-pid",
+            "--unshare-net",
+            "--unshare-ipc",
+            "--die-with-parent",
+            "--ro-bind",
+            "/",
+            "/",
+            "--proc",
+            "/proc",
+            "--dev",
+            "/dev",
+            "true",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if probe.returncode != 0:
+        return f"bubblewrap cannot make namespaces here: {probe.stderr.strip()[:200]}"
+    return None
+
+
+@cache
+def _root_binds() -> tuple[str, ...]:
+    """The host's top-level folders, read-only (symlinks kept as symlinks)."""
+    args: list[str] = []
+    for name in sorted(os.listdir("/")):
+        path = f"/{name}"
+        if name in _FRESH:
+            continue
+        if os.path.islink(path):
+            args += ["--symlink", os.readlink(path), path]
+        elif os.path.isdir(path):
+            args += ["--ro-bind", path, path]
+    return tuple(args)
+
+
+def _existing(paths: Sequence[str]) -> list[str]:
+    return [p for p in paths if os.path.isdir(p)]
+
+
+class Namespaces:
+    """The attempt in its own namespaces, made with bubblewrap (see the module docstring)."""
+
+    isolation = Isolation.NAMESPACES
+
+    def __init__(self, supervisor: ProcessSupervisor, attempt_id: str, layout: Layout) -> None:
+        self.supervisor = supervisor
+        self.attempt_id = attempt_id
+        self.layout = layout
+        self._holder: subprocess.Popen[bytes] | None = None
+        self._init_pid: int | None = None
+        self._target: int | None = None
+        self._verifiers: list[subprocess.Popen[bytes]] = []
+
+    # -- what each phase sees -------------------------------------------------------
+    def _common(self) -> list[str]:
+        lay = self.layout
+        args = [*_root_binds(), "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/run"]
+        # /tmp is the attempt's own, in memory and capped: filling it hurts no one else.
+        args += ["--size", str(TMP_BYTES), "--tmpfs", "/tmp"]
+        for hidden in _existing(lay.hidden):
+            args += ["--tmpfs", hidden]
+        for path in lay.visible:
+            if os.path.exists(path):
+                args += ["--ro-bind", path, path]
+        for folder in (lay.workspace, lay.home, lay.tmp):
+            args += ["--bind", folder, folder]
+        return args
+
+    def _subject_view(self) -> list[str]:
+        lay = self.layout
+        args = self._common()
+        if lay.frame_dir is not None:
+            args += ["--bind", lay.frame_dir, lay.frame_dir]
+        args += ["--ro-bind", lay.instruction, lay.instruction]
+        args += ["--bind", lay.agent_logs, Layout.AGENT_LOGS_PATH]
+        for host, inside in lay.subject_dirs.items():
+            args += ["--ro-bind", host, host, "--ro-bind", host, inside]
+        return args
+
+    def _verifier_view(self) -> list[str]:
+        lay = self.layout
+        return [
+            *self._common(),
+            *("--bind", lay.tests, lay.tests, "--bind", lay.tests, Layout.TESTS_PATH),
+            *("--bind", lay.verifier_logs, lay.verifier_logs),
+            *("--bind", lay.verifier_logs, Layout.VERIFIER_LOGS_PATH),
+        ]
+
+    def path_of(self, phase: Phase, host_path: str) -> str:
+        return host_path  # every folder is also seen at its host path
+
+    # -- the holder -----------------------------------------------------------------
+    def start(self) -> None:
+        read, write = os.pipe()
+        try:
+            self._holder = subprocess.Popen(
+                [
+                    "bwrap",
+                    *("--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-net"),
+                    "--die-with-parent",
+                    *self._subject_view(),
+                    *("--chdir", self.layout.workspace),
+                    *("--info-fd", str(write)),
+                    "--",
+                    "sleep",
+                    "infinity",
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                pass_fds=(write,),
+                start_new_session=True,
+            )
+        finally:
+            os.close(write)
+        try:
+            info = self._read_info(read)
+        finally:
+            os.close(read)
+        target = self._holder_child(info) if info is not None else None
+        if target is None:
+            error = b""
+            with contextlib.suppress(Exception):
+                self._holder.kill()
+                error = self._holder.communicate(timeout=5)[1] or b""
+            raise OSError(f"bubblewrap could not make the sandbox: {error.decode()[:300]}")
+        self._init_pid = info
+        self._target = target
+
+    @staticmethod
+    def _holder_child(init_pid: int) -> int | None:
+        """The holder's `sleep`: nsenter targets it rather than bubblewrap's init, whose
+        working directory and root are still the host's."""
+        deadline = time.monotonic() + HOLDER_START_TIMEOUT
+        path = f"/proc/{init_pid}/task/{init_pid}/children"
+        while time.monotonic() < deadline:
+            try:
+                with open(path) as handle:
+                    children = handle.read().split()
+            except OSError:
+                return None
+            if children:
+                return int(children[0])
+            time.sleep(0.0005)
+        return None
+
+    def _read_info(self, fd: int) -> int | None:
+        """The host pid of the sandbox's init, from bubblewrap's info fd."""
+        deadline = time.monotonic() + HOLDER_START_TIMEOUT
+        data = b""
+        while b"}" not in data and time.monotonic() < deadline:
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                break
+            data += chunk
+        try:
+            pid = json.loads(data[: data.index(b"}") + 1])["child-pid"]
+        except (ValueError, KeyError, TypeError):
+            return None
+        return pid if isinstance(pid, int) else None
+
+    def _holder_alive(self) -> bool:
+        return self._holder is not None and self._holder.poll() is None
+
+    # -- running programs -------------------------------------------------------------
+    def spawn(
+        self,
+        phase: Phase,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str],
+        cwd: str,
+        stdout: IO[bytes] | int,
+        stderr: IO[bytes] | int,
+    ) -> subprocess.Popen[bytes]:
+        if phase is Phase.SUBJECT:
+            if not self._holder_alive() or self._target is None:
+                raise OSError("the sandbox is not running")
+            # nsenter forks into the PID namespace and waits: the exit code is the
+            # subject's, and no process in the sandbox can reach the one reporting it.
+            # Root and working directory (the workspace) are the holder's.
+            command = [
+                "nsenter",
+                *("--target", str(self._target)),
+                *("--pid", "--mount", "--net", "--ipc", "--uts", "-r", "-w"),
+                "--",
+                *argv,
+            ]
+        else:
+            network = (
+                ["nsenter", "--target", str(self._target), "--net", "--"]
+                if self._holder_alive() and self._target is not None
+                else []
+            )
+            command = [
+                *network,
+                "bwrap",
+                *("--unshare-pid", "--unshare-ipc", "--unshare-uts"),
+                *([] if network else ["--unshare-net"]),
+                "--die-with-parent",
+                *self._verifier_view(),
+                *("--chdir", cwd),
+                "--",
+                *argv,
+            ]
+        proc = self.supervisor.spawn(command, cwd=cwd, env=env, stdout=stdout, stderr=stderr)
+        if phase is Phase.VERIFIER:
+            self._verifiers.append(proc)
+        return proc
+
+    def wait(
+        self,
+        proc: subprocess.Popen[bytes],
+        timeout: float,
+        cancel: CancelToken,
+        captures: Sequence[OutputCapture] = (),
+    ) -> WaitEnd:
+        return self.supervisor.wait(proc, timeout, cancel, captures)
+
+    def release(self, proc: subprocess.Popen[bytes]) -> int:
+        return self.supervisor.release(proc)
+
+    def quiesce(self, phase: Phase, proc: subprocess.Popen[bytes]) -> None:
+        if phase is Phase.SUBJECT:
+            self._end_holder()
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()  # a verifier's bubblewrap takes its namespace with it
+
+    def _end_holder(self) -> None:
+        """Kill the sandbox's init: the kernel kills every process in its namespace."""
+        if self._init_pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self._init_pid, signal.SIGKILL)
+        if self._holder is not None:
+            with contextlib.suppress(ProcessLookupError):
+                self._holder.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._holder.wait(timeout=10)
+
+    def processes(self) -> list[int]:
+        table = snapshot()
+        children: dict[int, list[int]] = {}
+        for pid, info in table.items():
+            children.setdefault(info.ppid, []).append(pid)
+        roots = [p.pid for p in (self._holder, *self._verifiers) if p and p.poll() is None]
+        found: set[int] = set()
+        stack = list(roots)
+        while stack:
+            pid = stack.pop()
+            if pid in found or pid not in table or table[pid].state == "Z":
+                continue
+            found.add(pid)
+            stack.extend(children.get(pid, ()))
+        return sorted(found)
+
+    def stop(self) -> None:
+        self._end_holder()
+        for proc in self._verifiers:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+        self.supervisor.end_attempt(self.attempt_id)
+
+
+def make_sandbox(
+    isolation: Isolation, supervisor: ProcessSupervisor, attempt_id: str, layout: Layout
+) -> PlainProcesses | Namespaces:
+    """The process backend the plan asks for."""
+    if isolation is Isolation.NAMESPACES:
+        return Namespaces(supervisor, attempt_id, layout)
+    return PlainProcesses(supervisor, attempt_id, layout)
+
+
+def interpreted(argv: Sequence[str]) -> list[str]:
+    """A script without a `#!` line runs with bash, as in Harbor (not with /bin/sh)."""
+    if not argv:
+        return list(argv)
+    try:
+        with open(argv[0], "rb") as handle:
+            head = handle.read(4)
+    except OSError:
+        return list(argv)
+    if head.startswith(b"#!") or head == b"\x7fELF":
+        return list(argv)
+    bash = shutil.which("bash") or "/bin/bash"
+    return [bash, *argv]
+
+
+__all__ = [
+    "Namespaces",
+    "PlainProcesses",
+    "interpreted",
+    "make_sandbox",
+    "namespaces_unavailable",
+]
