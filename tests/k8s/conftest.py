@@ -116,3 +116,16 @@ def namespace(kubectl: Kubectl) -> Iterator[str]:
         yield name
     finally:
         kubectl.run("delete", "namespace", name, "--wait=false", check=False)
+
+
+CRDS = REPO / "crds"
+
+
+@pytest.fixture(scope="session")
+def crds(kubectl: Kubectl) -> list[str]:
+    """The CRDs of crds/ applied and Established; their names."""
+    applied = kubectl.run("apply", "-f", str(CRDS), "-o", "name").stdout.split()
+    names = [name.rsplit("/", 1)[-1] for name in applied]
+    crd_names = [f"crd/{name}" for name in names]
+    kubectl.run("wait", "--for=condition=Established", "--timeout=60s", *crd_names)
+    return names
