@@ -20,7 +20,6 @@ Two ways, chosen per attempt:
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import signal
@@ -31,6 +30,7 @@ from collections.abc import Mapping, Sequence
 from functools import cache
 from typing import IO
 
+from maka_eval import strict_json
 from maka_eval.process_table import snapshot
 from maka_eval.relay.output import OutputCapture
 from maka_eval.relay.processes import CancelToken, ProcessSupervisor, WaitEnd
@@ -264,7 +264,7 @@ class Namespaces:
                 break
             data += chunk
         try:
-            pid = json.loads(data[: data.index(b"}") + 1])["child-pid"]
+            pid = strict_json.loads(data[: data.index(b"}") + 1])["child-pid"]
         except (ValueError, KeyError, TypeError):
             return None
         return pid if isinstance(pid, int) else None

@@ -22,6 +22,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import Path
 
+from maka_eval import strict_json
 from maka_eval.errors import Problem, StoreError
 from maka_eval.process_table import ProcessEntry, kill_all, run_processes
 
@@ -51,7 +52,7 @@ class LockInfo:
 
 def _read_info(path: Path) -> LockInfo:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = strict_json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         data = {}
     if not isinstance(data, dict):
