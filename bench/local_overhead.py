@@ -101,7 +101,7 @@ MAX_SLOWDOWN = 0.10  # against the baseline ref, single-arm, measured side by si
 
 
 # -- the workload -----------------------------------------------------------------------
-def experiment_text(cells: int, concurrency: int, arms: int = 1) -> str:
+def experiment_text(cells: int, concurrency: int, arms: int = 1, isolation: str = "none") -> str:
     """The bare-form experiment: 1 task x `cells / arms` repetitions x `arms` no-op
     subjects (every task group has `arms` arms; `cells` cells in all)."""
     document = {
@@ -123,7 +123,7 @@ def experiment_text(cells: int, concurrency: int, arms: int = 1) -> str:
             for i in range(arms)
         ],
         "repetitions": cells // arms,
-        "executor": {"kind": "local"},
+        "executor": {"kind": "local", "config": {"isolation": isolation}},
         "execution": {"maxConcurrentTaskGroups": concurrency},
         "verifier": {"kind": "harbor", "config": {"scoreKey": "reward"}},
     }
@@ -141,10 +141,10 @@ def write_task(root: Path) -> None:
 
 
 def load_workload(
-    root: Path, cells: int, concurrency: int, arms: int = 1
+    root: Path, cells: int, concurrency: int, arms: int = 1, isolation: str = "none"
 ) -> tuple[LoadedExperiment, dict[str, TaskDefinition]]:
     """Write the experiment next to the task folder and load both as `maka-eval run` would."""
-    text = experiment_text(cells, concurrency, arms)
+    text = experiment_text(cells, concurrency, arms, isolation)
     source = root / f"experiment-a{arms}-c{concurrency}.json"
     source.write_text(text, encoding="utf-8")
     loaded = load_experiment_text(text, str(source), root)
@@ -213,10 +213,17 @@ def check_durable(run_dir: Path, cells: int) -> None:
         raise SystemExit(f"local-overhead: the run in {run_dir} is not what was asked:\n  {shown}")
 
 
-def run_maka(root: Path, cells: int, concurrency: int, arms: int = 1) -> MakaResult:
+def run_maka(
+    root: Path,
+    cells: int,
+    concurrency: int,
+    arms: int = 1,
+    isolation: str = "none",
+    tag: str = "",
+) -> MakaResult:
     """Run the workload once into a fresh run directory under `root`."""
-    loaded, tasks = load_workload(root, cells, concurrency, arms)
-    run_dir = root / f"run-a{arms}-c{concurrency}"
+    loaded, tasks = load_workload(root, cells, concurrency, arms, isolation)
+    run_dir = root / f"run-a{arms}-c{concurrency}{tag}"
     sink = FinishStamps()
     cpu0 = time.process_time()
     started = time.perf_counter()
@@ -615,6 +622,12 @@ def main() -> None:
     )
     parser.add_argument("--skip-inspect", action="store_true", help="run maka-eval only")
     parser.add_argument(
+        "--isolation",
+        choices=("none", "namespaces"),
+        default="none",
+        help="executor.config.isolation of the workload (none: the bare process path)",
+    )
+    parser.add_argument(
         "--baseline",
         metavar="REF",
         help="also run REF's own benchmark (a git commit) in this invocation, side by side",
@@ -645,7 +658,7 @@ def main() -> None:
         for arms in args.arms:
             for c in args.concurrency:
                 _note(f"maka-eval, {args.cells} cells, {arms} arm(s) per group, {c} group(s)")
-                maka[(arms, c)] = run_maka(root, args.cells, c, arms)
+                maka[(arms, c)] = run_maka(root, args.cells, c, arms, args.isolation)
                 if python is not None and c * arms not in inspect:
                     _note(f"Inspect AI, {args.cells} samples, {c * arms} in flight")
                     inspect[c * arms] = run_inspect(python, args.cells, c * arms)

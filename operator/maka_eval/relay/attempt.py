@@ -115,10 +115,12 @@ class AttemptLayout:
         """Where the relay writes captured output (never inside the workspace)."""
         return self.root
 
-    def create(self, *, frame: bool) -> None:
+    def create(self, *, frame: bool, agent_logs: bool) -> None:
         self.root.mkdir(parents=True, exist_ok=False)
-        for path in (self.workspace, self.home, self.tmp, self.agent_logs):
-            path.mkdir(parents=True)
+        for path in (self.workspace, self.home, self.tmp):
+            path.mkdir()
+        if agent_logs:  # only a sandbox shows it (at /logs/agent)
+            self.agent_logs.mkdir(parents=True)
         if frame:
             self.frame_dir.mkdir()
 
@@ -213,7 +215,10 @@ class _Attempt:
 
     def prepare(self) -> None:
         plan, layout = self.plan, self.layout
-        layout.create(frame=plan.subject.contract is ResultContract.PROTOCOL_V1)
+        layout.create(
+            frame=plan.subject.contract is ResultContract.PROTOCOL_V1,
+            agent_logs=self.sandbox.isolation is not Isolation.NONE,
+        )
         if plan.environment_dir:
             _copy_tree(plan.environment_dir, layout.workspace)
         shutil.copyfile(plan.instruction_file, layout.instruction)
@@ -406,6 +411,8 @@ class _Attempt:
         ]
         candidates.append(("result-frame.json", layout.frame_dir / "result.json"))
         target_root = Path(self.plan.artifacts_dir)
+        target_root.mkdir(parents=True, exist_ok=True)
+        made = {target_root}
         entries = []
         for name, path in candidates:
             try:
@@ -416,7 +423,9 @@ class _Attempt:
             if not (stat.S_ISREG(info.st_mode) and 0 < info.st_size <= limit):
                 continue
             target = target_root / name
-            target.parent.mkdir(parents=True, exist_ok=True)
+            if target.parent not in made:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                made.add(target.parent)
             digest = copy_artifact(path, target, self.redactor)
             capture = self.captures.get(name)
             entries.append(
@@ -466,11 +475,12 @@ class _Attempt:
         try:
             artifacts = self.store_artifacts()
         except OSError as exc:
-            if exc.errno != errno.ENOSPC:
+            if exc.errno == errno.ENOSPC:
+                self.disk_full = self.disk_full or self.plan.artifacts_dir
+            else:
                 execution = Execution(
                     ExecutionEnd.THREW, error=f"storing the artifacts failed: {exc}"
                 )
-            self.disk_full = self.disk_full or self.plan.artifacts_dir
         t_end = time.perf_counter()
         classification = classify(
             self.plan.subject.contract,
