@@ -92,7 +92,7 @@ def test_keep_workspaces_says_where_they_are(tmp_path, monkeypatch):
     assert result.exit_code == 0, result.output
     text = " ".join(result.stdout.split())
     assert f"workspaces kept in {tmp_path / 'work' / 'run-1'}" in text
-    assert "one folder per attempt: <task>/<rep>/<subject>/<n>" in text
+    assert "one folder per attempt: <task>__<rep>__<subject>__<n>" in text
     without = invoke("run", str(EXAMPLE), "--out", str(tmp_path / "run"))
     assert "workspaces kept" not in without.stdout
 

@@ -181,7 +181,7 @@ def _say_where_workspaces_are(report: RunReport) -> None:
         return
     out.print(
         f"workspaces kept in {report.work_dir} "
-        "(one folder per attempt: <task>/<rep>/<subject>/<n>)",
+        "(one folder per attempt: <task>__<rep>__<subject>__<n>)",
         highlight=False,
         markup=False,
         soft_wrap=True,

@@ -58,7 +58,7 @@ from maka_eval.relay.attempt import run_attempt
 from maka_eval.relay.processes import CancelToken, ProcessSupervisor
 from maka_eval.spec.load import LoadedExperiment
 from maka_eval.spec.task_directory import TaskDefinition, benchmark_root
-from maka_eval.store.run_store import RunIdentity, RunWriter, cell_path
+from maka_eval.store.run_store import RunIdentity, RunWriter
 
 
 @dataclass(frozen=True)
@@ -82,7 +82,7 @@ class RunReport:
     records: list[AttemptRecord] = field(default_factory=list)
     work_dir: Path | None = None
     """Where the attempts' workspaces were kept (`--keep-workspaces`), one folder per
-    attempt: <taskId>/<repetition>/<subjectId>/<attempt number>."""
+    attempt: <taskId>__<repetition>__<subjectId>__<attempt number>."""
 
 
 def work_root(host_env: Mapping[str, str]) -> Path:
@@ -386,11 +386,8 @@ class LocalRun:
         assert writer is not None and work is not None and commands is not None
         cell = start.cell
         slot = writer.reserve(cell.task_id, cell.repetition, cell.subject_id)
-        attempt_root = (
-            work
-            / cell_path(cell.task_id, cell.repetition, cell.subject_id).relative_to("cells")
-            / str(slot.number)
-        )
+        # One flat folder per attempt, named by its cell (one mkdir, not four).
+        attempt_root = work / f"{cell.task_id}__{cell.repetition}__{cell.subject_id}__{slot.number}"
         attempt_id = f"{writer.run_id}/{cell.id}/{slot.number}"
         plan = attempt_plan(
             experiment=self.experiment,

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import hashlib
 import os
 import shutil
 import stat
@@ -53,11 +52,13 @@ there (output, rewards, records) can be trusted to be whole."""
 OUTPUT_NAMES = ("subject.stdout", "subject.stderr", "verifier.stdout", "verifier.stderr")
 
 
-def _file_digest(path: Path) -> str | None:
+def _file_digest(path: Path) -> tuple[int, int, int, int] | None:
+    """What changes when a file is rewritten (inode, size, mtime, ctime)."""
     try:
-        return hashlib.sha256(path.read_bytes()).hexdigest()
+        info = os.stat(path)
     except OSError:
         return None
+    return info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns
 
 
 def full_file_system(*paths: str) -> str | None:
@@ -174,7 +175,7 @@ class _Attempt:
         self.captures: dict[str, OutputCapture] = {}
         self.disk_full: str | None = None
         self.notes: list[str] = []
-        self._reward_read: tuple[str, str | None] | None = None
+        self._reward_read: tuple[str, tuple[int, int, int, int] | None] | None = None
         layout = self.layout
         self.sandbox = make_sandbox(
             Isolation(plan.isolation),
@@ -404,14 +405,20 @@ class _Attempt:
         Empty files are not stored: an artifact always has content.
         """
         layout = self.layout
-        candidates = [(name, layout.output / name) for name in OUTPUT_NAMES]
+        # Captured streams that wrote nothing left no file: no need to look for them.
+        candidates = [
+            (name, layout.output / name)
+            for name in OUTPUT_NAMES
+            if name in self.captures and self.captures[name].written
+        ]
         candidates += [
             (f"verifier/{name}", layout.verifier_logs / name)
             for name in ("reward.json", "reward.txt")
         ]
         candidates.append(("result-frame.json", layout.frame_dir / "result.json"))
         target_root = Path(self.plan.artifacts_dir)
-        target_root.mkdir(parents=True, exist_ok=True)
+        if not target_root.is_dir():
+            target_root.mkdir(parents=True)
         made = {target_root}
         entries = []
         for name, path in candidates:

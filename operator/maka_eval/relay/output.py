@@ -40,7 +40,7 @@ class OutputCapture:
         self.written = 0
         self.dropped = 0
         self.disk_full = False
-        self._file = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        self._file = -1  # created on the first byte: a quiet stream leaves no file
         read, self.child_fd = os.pipe()
         os.set_blocking(read, False)
         self.read_fd: int | None = read
@@ -75,6 +75,17 @@ class OutputCapture:
         room = self.limit - self.written
         kept = data[: max(room, 0)] if not self.disk_full else b""
         self.dropped += len(data) - len(kept)
+        if kept and self._file < 0:
+            try:
+                self._file = os.open(
+                    self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600
+                )
+            except OSError as exc:
+                if exc.errno != errno.ENOSPC:
+                    raise
+                self.disk_full = True
+                self.dropped += len(kept)
+                return
         while kept:
             try:
                 n = os.write(self._file, kept)
@@ -98,11 +109,13 @@ class OutputCapture:
         self.pump()
         self._close_pipe()  # a writer that escaped the attempt gets EPIPE from now on
         try:
-            if self.dropped and not self.disk_full:
+            if self.dropped and not self.disk_full and self._file >= 0:
                 with contextlib.suppress(OSError):
                     os.write(self._file, cut_marker(self.limit, self.dropped))
         finally:
-            os.close(self._file)
+            if self._file >= 0:
+                os.close(self._file)
+                self._file = -1
         if self.disk_full:
             raise DiskFull(str(self.path))
 
