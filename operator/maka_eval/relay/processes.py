@@ -33,6 +33,7 @@ from maka_eval.process_table import ATTEMPT_MARKER, HAS_PROC
 from maka_eval.process_table import ProcInfo as _ProcInfo
 from maka_eval.process_table import alive as _alive
 from maka_eval.process_table import carries as _carries
+from maka_eval.process_table import read as _read
 from maka_eval.process_table import snapshot as _snapshot
 from maka_eval.process_table import stat as _stat
 from maka_eval.relay.output import OutputCapture, pump_ready
@@ -271,9 +272,13 @@ class ProcessSupervisor:
     def end_attempt(self, attempt_id: str) -> int:
         """The attempt is over: kill what is left of it and reap adopted zombies.
 
-        One /proc scan serves both (the common case finds nothing to kill).
+        One /proc scan serves both (the common case finds nothing to kill). The scan is
+        skipped when we adopted nothing: with the attempt's programs ended, any process
+        left of it heads a chain whose top was re-parented to us (the subreaper).
         """
         if not _HAS_PROC:
+            return 0
+        if self.subreaper and not self._unmanaged_children():
             return 0
         table = _snapshot()
         killed = 0
@@ -281,6 +286,23 @@ class ProcessSupervisor:
             killed = self.quiesce([], attempt_id, table=table)
         self._reap_zombies(table)
         return killed
+
+    def _unmanaged_children(self) -> bool:
+        """Whether any child of this process (of any of its threads) is not a program
+        we started: an adopted orphan, or a zombie to reap."""
+        with self._lock:
+            managed = set(self._managed)
+        try:
+            tasks = os.listdir(f"/proc/{self.pid}/task")
+        except OSError:
+            return True
+        for tid in tasks:
+            raw = _read(f"/proc/{self.pid}/task/{tid}/children", 1 << 16)
+            if raw is None:
+                return True  # cannot tell: look properly
+            if any(int(child) not in managed for child in raw.split()):
+                return True
+        return False
 
     def quiesce_adopted(self, timeout: float = 10.0) -> int:
         """Kill every orphan we adopted that no running attempt owns (end of a run)."""
