@@ -28,24 +28,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from local_overhead import ms, p95, run_maka, write_task
-from maka_eval.sandbox.process import namespaces_unavailable
+from maka_eval.sandbox.process import BWRAP_PROBE, namespaces_unavailable
 
 TARGET_MS = 6.0
-BWRAP = [
-    "bwrap",
-    "--unshare-pid",
-    "--unshare-net",
-    "--unshare-ipc",
-    "--die-with-parent",
-    "--ro-bind",
-    "/",
-    "/",
-    "--proc",
-    "/proc",
-    "--dev",
-    "/dev",
-    "true",
-]
 
 
 def time_command(argv: list[str], runs: int) -> float:
@@ -79,7 +64,7 @@ def main() -> None:
                 for name, values in result.phases_s.items():
                     phases[isolation].setdefault(name, []).extend(values)
     bare = time_command(["true"], 50)
-    bwrap = time_command(BWRAP, 50)
+    bwrap = time_command(list(BWRAP_PROBE), 50)
     none_ms = ms(statistics.median(cycles["none"]))
     ns_ms = ms(statistics.median(cycles["namespaces"]))
     added = round(ns_ms - none_ms, 3)

@@ -7,9 +7,22 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
+from maka_eval import strict_json
+
 
 class ContractError(ValueError):
     """A kernel or record is malformed; the message names the field."""
+
+
+def load_bounded(data: str | bytes, limit: int, what: str) -> Any:
+    """Decode at most `limit` bytes of strict JSON (ContractError naming `what`)."""
+    raw = data.encode() if isinstance(data, str) else data
+    if len(raw) > limit:
+        raise ContractError(f"{what} is larger than {limit} bytes")
+    try:
+        return strict_json.loads(raw)
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise ContractError(f"{what} is not JSON: {str(exc)[:200]}") from None
 
 
 class Fields:

@@ -16,8 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
-from maka_eval import strict_json
-from maka_eval.contract.fields import ContractError, Fields, finite
+from maka_eval.contract.fields import ContractError, Fields, finite, load_bounded
 from maka_eval.engine.status import AttemptStatus, StatusSource
 from maka_eval.engine.usage import Usage, UsageError
 
@@ -151,14 +150,7 @@ class ResultKernel:
     @classmethod
     def from_json(cls, data: str | bytes) -> ResultKernel:
         """Parse the wire form strictly (size bound, known fields, consistent status)."""
-        raw = data.encode() if isinstance(data, str) else data
-        if len(raw) > MAX_KERNEL_BYTES:
-            raise ContractError(f"the result kernel is larger than {MAX_KERNEL_BYTES} bytes")
-        try:
-            obj = strict_json.loads(raw)
-        except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-            raise ContractError(f"the result kernel is not JSON: {str(exc)[:200]}") from None
-        return cls.from_dict(obj)
+        return cls.from_dict(load_bounded(data, MAX_KERNEL_BYTES, "the result kernel"))
 
     @classmethod
     def from_dict(cls, obj: Any, where: str = "") -> ResultKernel:

@@ -13,8 +13,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from maka_eval import strict_json
-from maka_eval.contract.fields import ContractError, Fields, finite
+from maka_eval.contract.fields import ContractError, Fields, finite, load_bounded
 from maka_eval.contract.kernel import ResultKernel
 from maka_eval.engine.expand import cell_id as make_cell_id
 from maka_eval.engine.status import AttemptStatus, Trigger
@@ -124,14 +123,7 @@ class AttemptRecord:
     @classmethod
     def from_json(cls, data: str | bytes) -> AttemptRecord:
         """Parse a stored record; ContractError names what is wrong."""
-        raw = data.encode() if isinstance(data, str) else data
-        if len(raw) > MAX_RECORD_BYTES:
-            raise ContractError(f"larger than {MAX_RECORD_BYTES} bytes")
-        try:
-            obj = strict_json.loads(raw)
-        except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-            raise ContractError(f"not JSON: {str(exc)[:200]}") from None
-        return cls.from_dict(obj)
+        return cls.from_dict(load_bounded(data, MAX_RECORD_BYTES, "the record"))
 
     @classmethod
     def from_dict(cls, obj: Any) -> AttemptRecord:

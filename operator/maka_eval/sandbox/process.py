@@ -39,6 +39,11 @@ from maka_eval.sandbox.base import Isolation, Layout, Phase
 # Top-level folders the sandbox makes anew instead of showing the host's.
 _FRESH = frozenset({"proc", "dev", "tmp", "run", "lost+found"})
 HOLDER_START_TIMEOUT = 10.0
+BWRAP_PROBE = (
+    *("bwrap", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--die-with-parent"),
+    *("--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", "true"),
+)
+"""The smallest sandbox: whether bubblewrap works here, and what it costs alone."""
 TMP_BYTES = 1 << 30
 """Size of a sandbox's own /tmp (memory-backed); TMPDIR points at the attempt's folder."""
 
@@ -104,21 +109,7 @@ def namespaces_unavailable() -> str | None:
         if shutil.which(tool) is None:
             return f"'{tool}' is not installed (Debian package {package})"
     probe = subprocess.run(
-        [
-            "bwrap",
-            "--unshare-pid",
-            "--unshare-net",
-            "--unshare-ipc",
-            "--die-with-parent",
-            "--ro-bind",
-            "/",
-            "/",
-            "--proc",
-            "/proc",
-            "--dev",
-            "/dev",
-            "true",
-        ],
+        list(BWRAP_PROBE),
         capture_output=True,
         text=True,
         check=False,
