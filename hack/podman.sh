@@ -275,8 +275,9 @@ service_start() {
     t0="$(date +%s.%N)"
     # Detached from our stdin/stdout/stderr, so a caller reading our output does not
     # wait for the service to exit; setsid keeps it out of the caller's process group.
-    setsid podman system service --time=0 "unix://$SOCKET" \
-      </dev/null >>"$LOG_FILE" 2>&1 9>&- &
+    # From its own folder: conmon drops files (an `oom` marker) in its working directory.
+    (cd "$(dirname "$PID_FILE")" && exec setsid podman system service --time=0 "unix://$SOCKET" \
+      </dev/null >>"$LOG_FILE" 2>&1 9>&-) &
     echo $! >"$PID_FILE"
     for ((i = 0; i < 300; i++)); do
       ping_ok && break
