@@ -365,6 +365,11 @@ class _Attempt:
         """The verifier's log folder is made empty now, after the subject has finished;
         anything already there was put there by the subject: moved aside and noted."""
         logs = self.layout.verifier_logs
+        if self.sandbox.isolation is Isolation.NAMESPACES:
+            # Made empty with the sandbox, seen by the verifier's namespace alone.
+            if any(logs.iterdir()):
+                self.notes.append("suspected tampering: the verifier's log folder was not empty")
+            return
         if logs.exists() or logs.is_symlink():
             aside = logs.with_name("verifier.before-verifier")
             os.replace(logs, aside)

@@ -27,7 +27,9 @@ import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from functools import cache
+from pathlib import Path
 from typing import IO
 
 from maka_eval import strict_json
@@ -138,8 +140,87 @@ def _existing(paths: Sequence[str]) -> list[str]:
     return [p for p in paths if os.path.isdir(p)]
 
 
+@dataclass
+class _Holder:
+    """A bubblewrap process keeping a set of namespaces alive (it runs `sleep`)."""
+
+    proc: subprocess.Popen[bytes]
+    info_fd: int
+    init_pid: int | None = None
+    """bubblewrap's init inside (killing it ends every process in the namespace)."""
+    target: int | None = None
+    """Its `sleep`: nsenter targets it (root and working directory are the sandbox's)."""
+
+    def ready(self) -> int:
+        """The pid to nsenter, once bubblewrap has made the namespaces."""
+        if self.target is None:
+            init = _read_info(self.info_fd)
+            os.close(self.info_fd)
+            self.info_fd = -1
+            target = _first_child(init) if init is not None else None
+            if init is None or target is None:
+                error = b""
+                with contextlib.suppress(Exception):
+                    self.proc.kill()
+                    error = self.proc.communicate(timeout=5)[1] or b""
+                raise OSError(f"bubblewrap could not make the sandbox: {error.decode()[:300]}")
+            self.init_pid, self.target = init, target
+        return self.target
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def end(self) -> None:
+        if self.info_fd >= 0:
+            os.close(self.info_fd)
+            self.info_fd = -1
+        if self.init_pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.init_pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            self.proc.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=10)
+
+
+def _read_info(fd: int) -> int | None:
+    """The host pid of the sandbox's init, from bubblewrap's info fd."""
+    deadline = time.monotonic() + HOLDER_START_TIMEOUT
+    data = b""
+    while b"}" not in data and time.monotonic() < deadline:
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            break
+        data += chunk
+    try:
+        pid = strict_json.loads(data[: data.index(b"}") + 1])["child-pid"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    return pid if isinstance(pid, int) else None
+
+
+def _first_child(pid: int) -> int | None:
+    deadline = time.monotonic() + HOLDER_START_TIMEOUT
+    path = f"/proc/{pid}/task/{pid}/children"
+    while time.monotonic() < deadline:
+        try:
+            with open(path) as handle:
+                children = handle.read().split()
+        except OSError:
+            return None
+        if children:
+            return int(children[0])
+        time.sleep(0.0005)
+    return None
+
+
 class Namespaces:
-    """The attempt in its own namespaces, made with bubblewrap (see the module docstring)."""
+    """The attempt in its own namespaces, made with bubblewrap (see the module docstring).
+
+    Two holders: the subject's (all namespaces new), and the verifier's, which joins the
+    subject's network namespace and has its own PID, mount, IPC and UTS namespaces. The
+    verifier's is started right after the subject's and made while the subject runs.
+    """
 
     isolation = Isolation.NAMESPACES
 
@@ -147,10 +228,9 @@ class Namespaces:
         self.supervisor = supervisor
         self.attempt_id = attempt_id
         self.layout = layout
-        self._holder: subprocess.Popen[bytes] | None = None
-        self._init_pid: int | None = None
-        self._target: int | None = None
-        self._verifiers: list[subprocess.Popen[bytes]] = []
+        self._subject: _Holder | None = None
+        self._verifier: _Holder | None = None
+        self._programs: list[subprocess.Popen[bytes]] = []
 
     # -- what each phase sees -------------------------------------------------------
     def _common(self) -> list[str]:
@@ -190,16 +270,17 @@ class Namespaces:
     def path_of(self, phase: Phase, host_path: str) -> str:
         return host_path  # every folder is also seen at its host path
 
-    # -- the holder -----------------------------------------------------------------
-    def start(self) -> None:
+    # -- the holders ----------------------------------------------------------------
+    def _holder(self, prefix: list[str], unshare: list[str], view: list[str]) -> _Holder:
         read, write = os.pipe()
         try:
-            self._holder = subprocess.Popen(
+            proc = subprocess.Popen(
                 [
+                    *prefix,
                     "bwrap",
-                    *("--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-net"),
+                    *unshare,
                     "--die-with-parent",
-                    *self._subject_view(),
+                    *view,
                     *("--chdir", self.layout.workspace),
                     *("--info-fd", str(write)),
                     "--",
@@ -212,56 +293,28 @@ class Namespaces:
                 pass_fds=(write,),
                 start_new_session=True,
             )
+        except OSError:
+            os.close(read)
+            raise
         finally:
             os.close(write)
-        try:
-            info = self._read_info(read)
-        finally:
-            os.close(read)
-        target = self._holder_child(info) if info is not None else None
-        if target is None:
-            error = b""
-            with contextlib.suppress(Exception):
-                self._holder.kill()
-                error = self._holder.communicate(timeout=5)[1] or b""
-            raise OSError(f"bubblewrap could not make the sandbox: {error.decode()[:300]}")
-        self._init_pid = info
-        self._target = target
+        return _Holder(proc, read)
 
-    @staticmethod
-    def _holder_child(init_pid: int) -> int | None:
-        """The holder's `sleep`: nsenter targets it rather than bubblewrap's init, whose
-        working directory and root are still the host's."""
-        deadline = time.monotonic() + HOLDER_START_TIMEOUT
-        path = f"/proc/{init_pid}/task/{init_pid}/children"
-        while time.monotonic() < deadline:
-            try:
-                with open(path) as handle:
-                    children = handle.read().split()
-            except OSError:
-                return None
-            if children:
-                return int(children[0])
-            time.sleep(0.0005)
-        return None
-
-    def _read_info(self, fd: int) -> int | None:
-        """The host pid of the sandbox's init, from bubblewrap's info fd."""
-        deadline = time.monotonic() + HOLDER_START_TIMEOUT
-        data = b""
-        while b"}" not in data and time.monotonic() < deadline:
-            chunk = os.read(fd, 4096)
-            if not chunk:
-                break
-            data += chunk
-        try:
-            pid = strict_json.loads(data[: data.index(b"}") + 1])["child-pid"]
-        except (ValueError, KeyError, TypeError):
-            return None
-        return pid if isinstance(pid, int) else None
-
-    def _holder_alive(self) -> bool:
-        return self._holder is not None and self._holder.poll() is None
+    def start(self) -> None:
+        # Created empty now: only the verifier's namespace ever sees them.
+        Path(self.layout.tests).mkdir(parents=True, exist_ok=True)
+        Path(self.layout.verifier_logs).mkdir(parents=True, exist_ok=True)
+        self._subject = self._holder(
+            [],
+            ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-net"],
+            self._subject_view(),
+        )
+        target = self._subject.ready()
+        self._verifier = self._holder(
+            ["nsenter", "--target", str(target), "--net", "--"],
+            ["--unshare-pid", "--unshare-ipc", "--unshare-uts"],
+            self._verifier_view(),
+        )
 
     # -- running programs -------------------------------------------------------------
     def spawn(
@@ -274,39 +327,18 @@ class Namespaces:
         stdout: IO[bytes] | int,
         stderr: IO[bytes] | int,
     ) -> subprocess.Popen[bytes]:
-        if phase is Phase.SUBJECT:
-            if not self._holder_alive() or self._target is None:
-                raise OSError("the sandbox is not running")
-            # nsenter forks into the PID namespace and waits: the exit code is the
-            # subject's, and no process in the sandbox can reach the one reporting it.
-            # Root and working directory (the workspace) are the holder's.
-            command = [
-                "nsenter",
-                *("--target", str(self._target)),
-                *("--pid", "--mount", "--net", "--ipc", "--uts", "-r", "-w"),
-                "--",
-                *argv,
-            ]
-        else:
-            network = (
-                ["nsenter", "--target", str(self._target), "--net", "--"]
-                if self._holder_alive() and self._target is not None
-                else []
-            )
-            command = [
-                *network,
-                "bwrap",
-                *("--unshare-pid", "--unshare-ipc", "--unshare-uts"),
-                *([] if network else ["--unshare-net"]),
-                "--die-with-parent",
-                *self._verifier_view(),
-                *("--chdir", cwd),
-                "--",
-                *argv,
-            ]
+        holder = self._subject if phase is Phase.SUBJECT else self._verifier
+        if holder is None or not holder.alive():
+            raise OSError(f"the {phase.value}'s sandbox is not running")
+        target = holder.ready()
+        # nsenter forks into the PID namespace and waits: the exit code is the program's,
+        # and no process in the sandbox can reach the one reporting it. Root and working
+        # directory (the workspace) are the holder's.
+        # (The verifier's holder lives in the subject's network namespace.)
+        namespaces = ("--pid", "--mount", "--ipc", "--uts", "--net")
+        command = ["nsenter", "--target", str(target), *namespaces, "-r", "-w", "--", *argv]
         proc = self.supervisor.spawn(command, cwd=cwd, env=env, stdout=stdout, stderr=stderr)
-        if phase is Phase.VERIFIER:
-            self._verifiers.append(proc)
+        self._programs.append(proc)
         return proc
 
     def wait(
@@ -322,28 +354,17 @@ class Namespaces:
         return self.supervisor.release(proc)
 
     def quiesce(self, phase: Phase, proc: subprocess.Popen[bytes]) -> None:
-        if phase is Phase.SUBJECT:
-            self._end_holder()
-        with contextlib.suppress(ProcessLookupError):
-            proc.kill()  # a verifier's bubblewrap takes its namespace with it
-
-    def _end_holder(self) -> None:
-        """Kill the sandbox's init: the kernel kills every process in its namespace."""
-        if self._init_pid is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self._init_pid, signal.SIGKILL)
-        if self._holder is not None:
-            with contextlib.suppress(ProcessLookupError):
-                self._holder.kill()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self._holder.wait(timeout=10)
+        holder = self._subject if phase is Phase.SUBJECT else self._verifier
+        if holder is not None:
+            holder.end()  # the kernel ends every process in its namespaces
 
     def processes(self) -> list[int]:
         table = snapshot()
         children: dict[int, list[int]] = {}
         for pid, info in table.items():
             children.setdefault(info.ppid, []).append(pid)
-        roots = [p.pid for p in (self._holder, *self._verifiers) if p and p.poll() is None]
+        holders = [h.proc for h in (self._subject, self._verifier) if h is not None]
+        roots = [p.pid for p in (*holders, *self._programs) if p.poll() is None]
         found: set[int] = set()
         stack = list(roots)
         while stack:
@@ -355,10 +376,9 @@ class Namespaces:
         return sorted(found)
 
     def stop(self) -> None:
-        self._end_holder()
-        for proc in self._verifiers:
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
+        for holder in (self._subject, self._verifier):
+            if holder is not None:
+                holder.end()
         self.supervisor.end_attempt(self.attempt_id)
 
 
