@@ -148,3 +148,15 @@ def test_a_task_linked_inside_the_benchmark_folder_is_fine(tmp_path):
     (tmp_path / "tasks" / "t1").symlink_to("real/t1", target_is_directory=True)
     experiment, _ = experiment_from_data(spec())
     assert set(load_tasks(experiment, tmp_path)) == {"t1"}
+
+
+def test_a_multi_step_task_is_refused_naming_steps(tmp_path):
+    from maka_eval.spec.task_directory import load_task
+
+    task = tmp_path / "multi"
+    (task / "steps" / "one").mkdir(parents=True)
+    (task / "task.toml").write_text('[[steps]]\nname = "one"\n[[steps]]\nname = "two"\n')
+    definition, problems = load_task("multi", task, "tasks[0]")
+    assert definition is None and len(problems) == 1
+    assert problems[0].where == "tasks[0]"
+    assert "2 [[steps]]" in problems[0].message and "not supported" in problems[0].message

@@ -119,11 +119,32 @@ def _env(table: Any, where: str, problems: list[Problem]) -> dict[str, str]:
     return dict(env)
 
 
+def _multi_step(toml_path: Path) -> Problem | None:
+    """Why a multi-step task (`[[steps]]` in task.toml) cannot run yet, or None."""
+    try:
+        config = tomllib.loads(toml_path.read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError):
+        return None  # missing or broken: load_task reports it
+    if "steps" not in config:
+        return None
+    count = len(config["steps"]) if isinstance(config["steps"], list) else "several"
+    return Problem(
+        "",
+        f"{toml_path} defines {count} [[steps]]: multi-step tasks are not supported by "
+        "maka-eval yet; run this task with Harbor itself, or leave it out of the experiment",
+    )
+
+
 def load_task(task_id: str, root: Path, where: str) -> tuple[TaskDefinition | None, list[Problem]]:
     """Read one task directory; return it (or None) and the problems found."""
     problems: list[Problem] = []
     if not root.is_dir():
         return None, [Problem(where, f"task directory {root} does not exist; check the path")]
+    steps = _multi_step(root / "task.toml")
+    if steps is not None:
+        # Each step has its own instruction and tests: checking the single-step files
+        # would only produce misleading messages.
+        return None, [Problem(where, steps.message)]
     instruction = root / "instruction.md"
     if not instruction.is_file():
         problems.append(Problem(where, f"{instruction} is missing; every task needs one"))
