@@ -50,15 +50,31 @@ TMP_BYTES = 1 << 30
 """Size of a sandbox's own /tmp (memory-backed); TMPDIR points at the attempt's folder."""
 
 
-class PlainProcesses:
-    """Processes of this machine, found by the attempt's marker (no isolation)."""
-
-    isolation = Isolation.NONE
+class _Supervised:
+    """Programs started through the relay's supervisor: waiting and reaping are its."""
 
     def __init__(self, supervisor: ProcessSupervisor, attempt_id: str, layout: Layout) -> None:
         self.supervisor = supervisor
         self.attempt_id = attempt_id
         self.layout = layout
+
+    def wait(
+        self,
+        proc: subprocess.Popen[bytes],
+        timeout: float,
+        cancel: CancelToken,
+        captures: Sequence[OutputCapture] = (),
+    ) -> WaitEnd:
+        return self.supervisor.wait(proc, timeout, cancel, captures)
+
+    def release(self, proc: subprocess.Popen[bytes]) -> int:
+        return self.supervisor.release(proc)
+
+
+class PlainProcesses(_Supervised):
+    """Processes of this machine, found by the attempt's marker (no isolation)."""
+
+    isolation = Isolation.NONE
 
     def start(self) -> None:
         """Nothing to make: the attempt's folders are the sandbox."""
@@ -77,18 +93,6 @@ class PlainProcesses:
         stderr: IO[bytes] | int,
     ) -> subprocess.Popen[bytes]:
         return self.supervisor.spawn(list(argv), cwd=cwd, env=env, stdout=stdout, stderr=stderr)
-
-    def wait(
-        self,
-        proc: subprocess.Popen[bytes],
-        timeout: float,
-        cancel: CancelToken,
-        captures: Sequence[OutputCapture] = (),
-    ) -> WaitEnd:
-        return self.supervisor.wait(proc, timeout, cancel, captures)
-
-    def release(self, proc: subprocess.Popen[bytes]) -> int:
-        return self.supervisor.release(proc)
 
     def quiesce(self, phase: Phase, proc: subprocess.Popen[bytes]) -> None:
         self.supervisor.quiesce([proc.pid], self.attempt_id)
@@ -214,7 +218,7 @@ def _first_child(pid: int) -> int | None:
     return None
 
 
-class Namespaces:
+class Namespaces(_Supervised):
     """The attempt in its own namespaces, made with bubblewrap (see the module docstring).
 
     Two holders: the subject's (all namespaces new), and the verifier's, which joins the
@@ -225,9 +229,7 @@ class Namespaces:
     isolation = Isolation.NAMESPACES
 
     def __init__(self, supervisor: ProcessSupervisor, attempt_id: str, layout: Layout) -> None:
-        self.supervisor = supervisor
-        self.attempt_id = attempt_id
-        self.layout = layout
+        super().__init__(supervisor, attempt_id, layout)
         self._subject: _Holder | None = None
         self._verifier: _Holder | None = None
         self._programs: list[subprocess.Popen[bytes]] = []
@@ -340,18 +342,6 @@ class Namespaces:
         proc = self.supervisor.spawn(command, cwd=cwd, env=env, stdout=stdout, stderr=stderr)
         self._programs.append(proc)
         return proc
-
-    def wait(
-        self,
-        proc: subprocess.Popen[bytes],
-        timeout: float,
-        cancel: CancelToken,
-        captures: Sequence[OutputCapture] = (),
-    ) -> WaitEnd:
-        return self.supervisor.wait(proc, timeout, cancel, captures)
-
-    def release(self, proc: subprocess.Popen[bytes]) -> int:
-        return self.supervisor.release(proc)
 
     def quiesce(self, phase: Phase, proc: subprocess.Popen[bytes]) -> None:
         holder = self._subject if phase is Phase.SUBJECT else self._verifier
