@@ -101,7 +101,13 @@ MAX_SLOWDOWN = 0.10  # against the baseline ref, single-arm, measured side by si
 
 
 # -- the workload -----------------------------------------------------------------------
-def experiment_text(cells: int, concurrency: int, arms: int = 1, isolation: str = "none") -> str:
+def experiment_text(
+    cells: int,
+    concurrency: int,
+    arms: int = 1,
+    isolation: str = "none",
+    subject: tuple[str, ...] = ("true",),
+) -> str:
     """The bare-form experiment: 1 task x `cells / arms` repetitions x `arms` no-op
     subjects (every task group has `arms` arms; `cells` cells in all)."""
     document = {
@@ -118,7 +124,11 @@ def experiment_text(cells: int, concurrency: int, arms: int = 1, isolation: str 
             {
                 "id": SUBJECT_ID if arms == 1 else f"{SUBJECT_ID}-{i}",
                 "kind": "external",
-                "config": {"command": "true", "resultContract": "exit-code"},
+                "config": {
+                    "command": subject[0],
+                    "args": list(subject[1:]),
+                    "resultContract": "exit-code",
+                },
             }
             for i in range(arms)
         ],
@@ -141,10 +151,15 @@ def write_task(root: Path) -> None:
 
 
 def load_workload(
-    root: Path, cells: int, concurrency: int, arms: int = 1, isolation: str = "none"
+    root: Path,
+    cells: int,
+    concurrency: int,
+    arms: int = 1,
+    isolation: str = "none",
+    subject: tuple[str, ...] = ("true",),
 ) -> tuple[LoadedExperiment, dict[str, TaskDefinition]]:
     """Write the experiment next to the task folder and load both as `maka-eval run` would."""
-    text = experiment_text(cells, concurrency, arms, isolation)
+    text = experiment_text(cells, concurrency, arms, isolation, subject)
     source = root / f"experiment-a{arms}-c{concurrency}.json"
     source.write_text(text, encoding="utf-8")
     loaded = load_experiment_text(text, str(source), root)
@@ -220,9 +235,10 @@ def run_maka(
     arms: int = 1,
     isolation: str = "none",
     tag: str = "",
+    subject: tuple[str, ...] = ("true",),
 ) -> MakaResult:
     """Run the workload once into a fresh run directory under `root`."""
-    loaded, tasks = load_workload(root, cells, concurrency, arms, isolation)
+    loaded, tasks = load_workload(root, cells, concurrency, arms, isolation, subject)
     run_dir = root / f"run-a{arms}-c{concurrency}{tag}"
     sink = FinishStamps()
     cpu0 = time.process_time()

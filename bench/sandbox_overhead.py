@@ -47,7 +47,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cells", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--subject-ms",
+        type=int,
+        default=0,
+        help="the subject sleeps this long instead of running `true` (a real subject's run "
+        "hides the making of the verifier's namespace)",
+    )
     args = parser.parse_args()
+    subject = ("sleep", f"{args.subject_ms / 1000:g}") if args.subject_ms else ("true",)
     why = namespaces_unavailable()
     if why is not None:
         raise SystemExit(f"sandbox-overhead: {why}")
@@ -59,7 +67,9 @@ def main() -> None:
         for r in range(args.rounds):
             for isolation in ("none", "namespaces"):
                 print(f"sandbox-overhead: round {r + 1}, {isolation}", file=sys.stderr)
-                result = run_maka(root, args.cells, 1, 1, isolation, tag=f"-{isolation}-{r}")
+                result = run_maka(
+                    root, args.cells, 1, 1, isolation, tag=f"-{isolation}-{r}", subject=subject
+                )
                 cycles[isolation] += result.cycle_overhead_s
                 for name, values in result.phases_s.items():
                     phases[isolation].setdefault(name, []).extend(values)
@@ -68,7 +78,8 @@ def main() -> None:
     none_ms = ms(statistics.median(cycles["none"]))
     ns_ms = ms(statistics.median(cycles["namespaces"]))
     added = round(ns_ms - none_ms, 3)
-    print(f"\nsandbox-overhead: {args.cells} no-op cells x {args.rounds} rounds, concurrency 1\n")
+    what = f"subject `{' '.join(subject)}`"
+    print(f"\nsandbox-overhead: {args.cells} cells x {args.rounds} rounds, {what}, concurrency 1\n")
     print(f"{'isolation':>11}  {'cycle overhead median':>22}  {'p95':>8}  phase medians (ms)")
     for isolation in ("none", "namespaces"):
         med = ms(statistics.median(cycles[isolation]))

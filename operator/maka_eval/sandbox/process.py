@@ -174,7 +174,8 @@ class _Holder:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
-    def end(self) -> None:
+    def kill(self) -> None:
+        """Kill bubblewrap's init: the kernel ends every process in the namespace."""
         if self.info_fd >= 0:
             os.close(self.info_fd)
             self.info_fd = -1
@@ -183,6 +184,10 @@ class _Holder:
                 os.kill(self.init_pid, signal.SIGKILL)
         with contextlib.suppress(ProcessLookupError):
             self.proc.kill()
+
+    def end(self) -> None:
+        """Kill, then reap the holder."""
+        self.kill()
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=10)
 
@@ -366,9 +371,11 @@ class Namespaces(_Supervised):
         return sorted(found)
 
     def stop(self) -> None:
-        for holder in (self._subject, self._verifier):
-            if holder is not None:
-                holder.end()
+        holders = [h for h in (self._subject, self._verifier) if h is not None]
+        for holder in holders:  # both die at once, then both are reaped
+            holder.kill()
+        for holder in holders:
+            holder.end()
         self.supervisor.end_attempt(self.attempt_id)
 
 
