@@ -220,3 +220,61 @@ def test_the_oracle_sees_its_solution_at_harbor_paths(setup):
     record = read_run(s.run_dir).attempts("t1::1::oracle")[0]
     assert record.result.score == 1.0, record.result.reason
     assert json.loads(json.dumps(record.to_dict()))["result"]["isolation"] == "namespaces"
+
+
+def test_no_sandbox_outlives_its_attempt(tmp_path):
+    """Holders never used (a verifier that did not run) die with the attempt too."""
+    import subprocess
+    import time
+
+    from maka_eval.relay.processes import CancelToken, ProcessSupervisor
+    from maka_eval.sandbox.base import Layout, Phase
+    from maka_eval.sandbox.process import Namespaces
+
+    supervisor = ProcessSupervisor()
+    for i in range(30):
+        root = tmp_path / str(i)
+        for name in ("ws", "home", "tmp", "agent", "tests", "logs"):
+            (root / name).mkdir(parents=True)
+        (root / "instruction.md").write_text("x")
+        sandbox = Namespaces(
+            supervisor,
+            f"a{i}",
+            Layout(
+                workspace=str(root / "ws"),
+                home=str(root / "home"),
+                tmp=str(root / "tmp"),
+                frame_dir=None,
+                instruction=str(root / "instruction.md"),
+                agent_logs=str(root / "agent"),
+                tests=str(root / "tests"),
+                verifier_logs=str(root / "logs"),
+            ),
+        )
+        sandbox.start()
+        if i % 2:
+            proc = sandbox.spawn(
+                Phase.SUBJECT,
+                ["true"],
+                env={"PATH": "/usr/bin:/bin"},
+                cwd=str(root / "ws"),
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            sandbox.wait(proc, 10, CancelToken())
+            sandbox.release(proc)
+        sandbox.stop()
+    time.sleep(0.3)
+    left = [
+        pid
+        for pid in os.listdir("/proc")
+        if pid.isdigit() and str(tmp_path).encode() in _cmdline(pid)
+    ]
+    assert left == []
+
+
+def _cmdline(pid: str) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""

@@ -177,6 +177,11 @@ class _Holder:
     def kill(self) -> None:
         """Kill bubblewrap's init: the kernel ends every process in the namespace."""
         if self.info_fd >= 0:
+            if self.init_pid is None:
+                # Never used (the verifier did not run): learn its init first. Killing
+                # only the outer bubblewrap can race its child's --die-with-parent set-up
+                # and leave the namespace's init running, orphaned.
+                self.init_pid = _read_info(self.info_fd)
             os.close(self.info_fd)
             self.info_fd = -1
         if self.init_pid is not None:
