@@ -179,6 +179,13 @@ def run_processes(run_id: str, work_dir: Path | None = None) -> list[ProcessEntr
             if target is not None and _inside(target, folder):
                 why[pid] = f"{link} {target}"
                 break
+        else:
+            # A sandbox holder (bubblewrap) names the run's folders in its arguments;
+            # its working directory and root tell nothing.
+            command = read(f"/proc/{pid}/cmdline", 1 << 16) or b""
+            if (folder + "/").encode() in command:
+                program = command.split(b"\0", 1)[0].decode(errors="replace")
+                why[pid] = f"sandbox of the run ({program})"
     children: defaultdict[int, list[int]] = defaultdict(list)
     for pid, info in table.items():
         children[info.ppid].append(pid)

@@ -146,14 +146,18 @@ def _existing(paths: Sequence[str]) -> list[str]:
 
 @dataclass
 class _Holder:
-    """A bubblewrap process keeping a set of namespaces alive (it runs `sleep`)."""
+    """A bubblewrap process keeping a set of namespaces alive (it runs `cat`)."""
 
     proc: subprocess.Popen[bytes]
     info_fd: int
+    lifeline: int = -1
+    """Write end of the pipe the holder's program reads: when this process dies, for
+    whatever reason, the kernel closes it, the program sees EOF and exits, and bubblewrap
+    takes the namespace down with it."""
     init_pid: int | None = None
     """bubblewrap's init inside (killing it ends every process in the namespace)."""
     target: int | None = None
-    """Its `sleep`: nsenter targets it (root and working directory are the sandbox's)."""
+    """Its program: nsenter targets it (root and working directory are the sandbox's)."""
 
     def ready(self) -> int:
         """The pid to nsenter, once bubblewrap has made the namespaces."""
@@ -176,6 +180,9 @@ class _Holder:
 
     def kill(self) -> None:
         """Kill bubblewrap's init: the kernel ends every process in the namespace."""
+        if self.lifeline >= 0:
+            os.close(self.lifeline)
+            self.lifeline = -1
         if self.info_fd >= 0:
             if self.init_pid is None:
                 # Never used (the verifier did not run): learn its init first. Killing
@@ -285,6 +292,9 @@ class Namespaces(_Supervised):
     # -- the holders ----------------------------------------------------------------
     def _holder(self, prefix: list[str], unshare: list[str], view: list[str]) -> _Holder:
         read, write = os.pipe()
+        # The holder's program is `cat` on a pipe only this process writes to: if the
+        # executor dies (even by SIGKILL), cat sees EOF and the whole sandbox ends.
+        life_read, life_write = os.pipe()
         try:
             proc = subprocess.Popen(
                 [
@@ -296,10 +306,9 @@ class Namespaces(_Supervised):
                     *("--chdir", self.layout.workspace),
                     *("--info-fd", str(write)),
                     "--",
-                    "sleep",
-                    "infinity",
+                    "cat",
                 ],
-                stdin=subprocess.DEVNULL,
+                stdin=life_read,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.PIPE,
                 pass_fds=(write,),
@@ -307,10 +316,12 @@ class Namespaces(_Supervised):
             )
         except OSError:
             os.close(read)
+            os.close(life_write)
             raise
         finally:
             os.close(write)
-        return _Holder(proc, read)
+            os.close(life_read)
+        return _Holder(proc, read, life_write)
 
     def start(self) -> None:
         # Created empty now: only the verifier's namespace ever sees them.
