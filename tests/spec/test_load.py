@@ -162,7 +162,7 @@ def test_executor_config_is_validated():
         "executor.config.runtimeHost.comand: unknown field 'comand'; did you mean 'command'?"
         in found
     )
-    assert "executor.kind: 'docker' is not allowed; use 'local'" in problems(
+    assert "executor: kind 'docker' is not known; use one of: 'local', 'kubernetes'" in problems(
         spec(executor={"kind": "docker"})
     )
 

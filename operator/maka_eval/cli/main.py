@@ -1,4 +1,4 @@
-"""The maka-eval command: validate, run, status, results, unlock.
+"""The maka-eval command: validate, run, status, results, operator, unlock.
 
 User mistakes (bad specs, missing prerequisites, locked or mismatched run directories)
 are printed as messages naming the field and the fix, never as tracebacks.
@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from maka_eval import __version__
-from maka_eval.analysis.source import RunDirectorySource
+from maka_eval.analysis.source import AttemptSource, RunDirectorySource
 from maka_eval.analysis.summary import RunSummary, summarize_source
 from maka_eval.cli import render
 from maka_eval.cli.progress import RunProgress
@@ -163,17 +163,82 @@ def run(
 
 def _summary(run_dir: Path) -> RunSummary:
     """Summarize a run directory; damaged records are warned about (stderr) and skipped."""
-    summary = summarize_source(RunDirectorySource(run_dir))
+    return _summarize(
+        RunDirectorySource(run_dir),
+        "maka-eval never rewrites a record; a writer refuses to resume until they are "
+        "moved out of the run directory",
+    )
+
+
+def _summarize(source: AttemptSource, why: str) -> RunSummary:
+    """Summarize a source; damaged records are warned about (stderr, with `why`) and skipped."""
+    summary = summarize_source(source)
     if summary.damaged:
         err.print(
             f"[yellow]warning:[/yellow] {len(summary.damaged)} damaged attempt record(s) "
-            "left out of these results (maka-eval never rewrites a record; a writer refuses "
-            "to resume until they are moved out of the run directory):",
+            f"left out of these results ({why}):",
             highlight=False,
         )
         for problem in summary.damaged:
             err.print(f"  - {problem}", highlight=False, markup=False, soft_wrap=True)
     return summary
+
+
+RunDirArgument = Annotated[
+    Path | None,
+    typer.Argument(metavar="RUN_DIR", help="Run directory (or name an experiment with --cluster)."),
+]
+ClusterOption = Annotated[
+    str | None,
+    typer.Option(
+        "--cluster",
+        metavar="NAMESPACE/NAME",
+        help="Read the Experiment NAME in NAMESPACE from a Kubernetes cluster instead of a "
+        "run directory.",
+    ),
+]
+KubeconfigOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--kubeconfig",
+        metavar="PATH",
+        help="With --cluster: the kubeconfig to use (default: $KUBECONFIG, ~/.kube/config, "
+        "else the Pod's service account).",
+    ),
+]
+
+
+def _read_summary(run_dir: Path | None, cluster: str | None, kubeconfig: Path | None) -> RunSummary:
+    """The summary of a run directory or, with --cluster, of an Experiment on a cluster."""
+    if run_dir is not None and cluster is not None:
+        raise typer.BadParameter(
+            f"name either a run directory ({run_dir}) or --cluster {cluster}, not both",
+            param_hint="RUN_DIR / --cluster",
+        )
+    if cluster is None:
+        if kubeconfig is not None:
+            raise typer.BadParameter(
+                "only applies with --cluster NAMESPACE/NAME", param_hint="--kubeconfig"
+            )
+        if run_dir is None:
+            raise typer.BadParameter(
+                "name a run directory, or an experiment on a cluster with --cluster NAMESPACE/NAME",
+                param_hint="RUN_DIR / --cluster",
+            )
+        return _summary(run_dir)
+    # Imported here: only --cluster needs the kubernetes client.
+    from maka_eval.analysis.cluster import ClusterSource, connect, parse_target
+
+    try:
+        namespace, name = parse_target(cluster)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--cluster") from None
+    source = ClusterSource(connect(kubeconfig), namespace, name)
+    return _summarize(
+        source,
+        "their Attempt's spec or status.result does not parse, or its Cell disagrees; "
+        "`kubectl get attempt -n NAMESPACE NAME -o yaml` shows one",
+    )
 
 
 def _say_where_workspaces_are(report: RunReport) -> None:
@@ -190,28 +255,77 @@ def _say_where_workspaces_are(report: RunReport) -> None:
 
 @app.command()
 def status(
-    run_dir: Annotated[Path, typer.Argument(metavar="RUN_DIR", help="Run directory.")],
+    run_dir: RunDirArgument = None,
+    cluster: ClusterOption = None,
+    kubeconfig: KubeconfigOption = None,
 ) -> None:
     """Show a run's cells (selected result per cell), subjects, budget and writer."""
-    out.print(render.status_view(_summary(run_dir), bar=_wide()))
+    out.print(render.status_view(_read_summary(run_dir, cluster, kubeconfig), bar=_wide()))
 
 
 @app.command()
 def results(
-    run_dir: Annotated[Path, typer.Argument(metavar="RUN_DIR", help="Run directory.")],
+    run_dir: RunDirArgument = None,
     fmt: Annotated[
         OutputFormat,
         typer.Option("--format", "-f", metavar="table|json|csv", help="Output format."),
     ] = OutputFormat.table,
+    cluster: ClusterOption = None,
+    kubeconfig: KubeconfigOption = None,
 ) -> None:
     """Print the result map: each cell's earliest valid attempt, and per-subject summaries."""
-    summary = _summary(run_dir)
+    summary = _read_summary(run_dir, cluster, kubeconfig)
     if fmt is OutputFormat.json:
         sys.stdout.write(render.results_json(summary) + "\n")
     elif fmt is OutputFormat.csv:
         sys.stdout.write(render.results_csv(summary))
     else:
         out.print(render.results_table(summary, bar=_wide()))
+
+
+class LogFormat(enum.StrEnum):
+    plain = "plain"
+    json = "json"
+
+
+@app.command(name="operator")
+def operator_command(
+    namespace: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--namespace",
+            "-n",
+            help="Watch this namespace (repeat for more). Default: every namespace.",
+        ),
+    ] = None,
+    peering: Annotated[
+        str | None,
+        typer.Option(
+            help="Run as one of several replicas: kopf peering object NAME elects the one "
+            "that acts (needs kopf's peering CRDs). Default: standalone, one replica.",
+        ),
+    ] = None,
+    log_format: Annotated[
+        LogFormat, typer.Option("--log-format", help="plain, or json (one object a line).")
+    ] = LogFormat.plain,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(help="Serve Prometheus metrics on this port (/metrics)."),
+    ] = None,
+    kubeconfig: KubeconfigOption = None,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log more.")] = False,
+) -> None:
+    """Run the Kubernetes operator: Experiments applied with kubectl run as Pods."""
+    from maka_eval.k8s.operator import run as run_operator
+
+    run_operator(
+        namespaces=tuple(namespace or ()),
+        peering=peering,
+        log_format=log_format.value,
+        metrics_port=metrics_port,
+        kubeconfig=str(kubeconfig) if kubeconfig else None,
+        verbose=verbose,
+    )
 
 
 @app.command(name="unlock")

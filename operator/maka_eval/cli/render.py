@@ -205,12 +205,22 @@ def status_view(summary: RunSummary, *, bar: bool = True) -> RenderableType:
         budget_line += f"  [yellow]budget reached: {pending} cell(s) will not start[/yellow]"
     head.add_row("budget (all attempts)", budget_line)
     hints = []
-    if exhausted:
+    if exhausted and summary.has_writer_lock:
         hints.append(
             "cells out of infrastructure retries run again only when named: "
             "maka-eval run <experiment> --out <dir> --cell <id>"
         )
-    if pending and not summary.budget.exhausted and summary.lock is not LockState.LIVE:
+    elif exhausted:  # a cluster: the operator is the writer
+        hints.append(
+            "cells out of infrastructure retries run again only when asked: "
+            "kubectl annotate cell <name> eval.maka.dev/rerun=<token>"
+        )
+    if (
+        pending
+        and summary.has_writer_lock
+        and not summary.budget.exhausted
+        and summary.lock is not LockState.LIVE
+    ):
         hints.append("re-run the same `maka-eval run` command to resume")
     parts: list[RenderableType] = [
         head,

@@ -324,7 +324,7 @@ class CellStatus(ResourceModel):
     observed_generation: int | None = OBSERVED_GENERATION
     phase: CellPhase | None = Field(default=None, description="Where the cell is.")
     attempts: int = Field(
-        default=0, ge=0, le=MAX_ATTEMPTS, description="Attempts created for this cell."
+        default=0, ge=0, le=MAX_ATTEMPTS, description="Attempts of this cell that have ended."
     )
     selected_attempt: int | None = Field(
         default=None,

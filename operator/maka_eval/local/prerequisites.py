@@ -15,7 +15,7 @@ from pathlib import Path
 
 from maka_eval.errors import PrerequisiteError, Problem
 from maka_eval.sandbox.process import namespaces_unavailable
-from maka_eval.spec.experiment import Experiment
+from maka_eval.spec.experiment import Experiment, LocalExecutor
 from maka_eval.spec.load import LoadedExperiment
 from maka_eval.spec.subjects import ExternalSubject, MakaSubject, OracleSubject
 from maka_eval.spec.task_directory import TaskDefinition
@@ -81,13 +81,25 @@ def check_prerequisites(
     experiment: Experiment = loaded.experiment
     spec = experiment.spec
     prefix = _prefix(loaded)
+    executor = spec.executor
+    if not isinstance(executor, LocalExecutor):
+        raise PrerequisiteError(
+            "this experiment is not for the local executor; nothing was started:",
+            [
+                Problem(
+                    f"{prefix}executor.kind",
+                    f"is '{executor.kind}': apply it to a cluster running the maka-eval "
+                    "operator (kubectl apply -f), or set executor.kind: local to run it here",
+                )
+            ],
+        )
     base = loaded.base_dir
     path_env = host_env.get("PATH")
     problems: list[Problem] = []
     commands: dict[str, Path] = {}
 
     host_path: Path | None = None
-    host = spec.executor.config.runtime_host
+    host = executor.config.runtime_host
     if host is not None:
         host_path = resolve_command(host.command, base, path_env)
         if host_path is None:
@@ -150,7 +162,7 @@ def check_prerequisites(
                 )
             )
 
-    if spec.executor.config.isolation == "namespaces":
+    if executor.config.isolation == "namespaces":
         why = namespaces_unavailable()
         if why is not None:
             problems.append(
@@ -171,4 +183,4 @@ def check_prerequisites(
         raise PrerequisiteError(
             f"{len(problems)} prerequisite(s) missing; nothing was started:", problems
         )
-    return ResolvedCommands(commands, host_path, resolve_isolation(spec.executor.config.isolation))
+    return ResolvedCommands(commands, host_path, resolve_isolation(executor.config.isolation))

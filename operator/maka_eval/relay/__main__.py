@@ -12,12 +12,13 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from maka_eval.engine.status import AttemptStatus
 from maka_eval.relay.attempt import run_attempt
-from maka_eval.relay.plan import AttemptPlan, PlanError
+from maka_eval.relay.plan import AttemptPlan, PlanError, with_task_settings
 from maka_eval.relay.processes import CancelToken, ProcessSupervisor
 
 EXIT_NOT_COMPLETED = 1
@@ -27,7 +28,11 @@ EXIT_BAD_PLAN = 2
 def main(argv: list[str] | None = None) -> int:
     """Run one attempt from a plan file; return the process exit code."""
     parser = argparse.ArgumentParser(prog="python -m maka_eval.relay", description=__doc__)
-    parser.add_argument("--plan", required=True, type=Path, help="AttemptPlan JSON file")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--plan", type=Path, help="AttemptPlan JSON file")
+    source.add_argument(
+        "--plan-json", help="the AttemptPlan JSON itself (a Pod passes it as an argument)"
+    )
     parser.add_argument(
         "--result",
         type=Path,
@@ -36,8 +41,23 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     try:
-        plan = AttemptPlan.from_json(args.plan.read_text(encoding="utf-8"))
+        text = args.plan_json if args.plan is None else args.plan.read_text(encoding="utf-8")
+        plan = AttemptPlan.from_json(text)
     except (OSError, PlanError) as exc:
+        print(f"relay: {exc}", file=sys.stderr)
+        return EXIT_BAD_PLAN
+    if plan.isolation == "auto":
+        # In a Pod: namespaces where the container may make them, else plain processes
+        # (the Pod itself is then the boundary); the kernel records which.
+        from maka_eval.sandbox.process import namespaces_unavailable
+
+        isolation = "namespaces" if namespaces_unavailable() is None else "none"
+        plan = replace(plan, isolation=isolation)
+    try:
+        plan = with_task_settings(plan)
+    except PlanError as exc:
+        # No result kernel: the executor sees a relay that ended without one, which is
+        # an infrastructure failure (retried), and this line in the container's log.
         print(f"relay: {exc}", file=sys.stderr)
         return EXIT_BAD_PLAN
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from maka_eval import strict_json
@@ -57,6 +57,10 @@ class AttemptPlan:
     """Host folders the sandbox hides (the run folder, all workspaces, the tasks)."""
     visible: tuple[str, ...] = ()
     """Host paths under a hidden folder that the subject still needs (its program)."""
+    task_dir: str | None = None
+    """Read the task's own settings (task.toml timeouts and environments, environment/
+    folder) from this task directory when the relay starts: in a Pod the operator cannot
+    see the task, only the relay can. The plan's timeouts are then the defaults."""
 
     def to_json(self) -> str:
         """Serialize for the relay program (`python -m maka_eval.relay`)."""
@@ -91,3 +95,41 @@ class AttemptPlan:
         if not plan.subject.argv:
             raise PlanError("the relay plan has an empty subject.argv")
         return plan
+
+
+def with_task_settings(plan: AttemptPlan) -> AttemptPlan:
+    """The plan with its task directory's settings applied (see `task_dir`).
+
+    PlanError when the task directory is not a valid task: the relay then reports an
+    infrastructure failure (the benchmark image does not hold what the spec names).
+    """
+    if plan.task_dir is None:
+        return plan
+    from pathlib import Path
+
+    from maka_eval.engine.launch import SOLUTION_DIR_NAME
+    from maka_eval.spec.task_directory import load_task
+
+    task, problems = load_task(plan.task_id, Path(plan.task_dir), f"task {plan.task_id}")
+    if task is None:
+        raise PlanError("; ".join(f"{p.where}: {p.message}" for p in problems))
+    subject = plan.subject
+    if SOLUTION_DIR_NAME in subject.extra_dirs:
+        if task.solution_dir is None:
+            raise PlanError(f"{task.root}/solution/solve.sh is missing; the oracle runs it")
+        subject = replace(
+            subject,
+            env={**task.solution_env, **subject.env},
+            extra_dirs={**subject.extra_dirs, SOLUTION_DIR_NAME: str(task.solution_dir)},
+        )
+    return replace(
+        plan,
+        subject=subject,
+        instruction_file=str(task.instruction_file),
+        tests_dir=str(task.tests_dir),
+        environment_dir=str(task.environment_dir) if task.environment_dir else None,
+        agent_timeout_sec=task.agent_timeout_sec or plan.agent_timeout_sec,
+        verifier_timeout_sec=task.verifier_timeout_sec or plan.verifier_timeout_sec,
+        verifier_env={**task.verifier_env, **plan.verifier_env},
+        task_dir=None,
+    )

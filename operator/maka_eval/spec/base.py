@@ -12,6 +12,7 @@ or that the rule is listed in `rules.CROSS_FIELD_RULES`.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from typing import Annotated, Any
 
@@ -128,3 +129,39 @@ NonBlank = Annotated[
 ]
 TaskPath = Annotated[NonBlank, _rule(task_path_problem)]
 PositiveSeconds = Annotated[float, Field(gt=0, le=7 * 24 * 3600)]
+
+# -- Kubernetes values (the kubernetes executor's settings) ---------------------------
+K8S_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+K8S_NAME_MAX_LENGTH = 253
+QUANTITY_PATTERN = (
+    r"^[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)(([KMGTPE]i)|[numkMGTPE]|([eE][+-]?[0-9]+))?$"
+)
+_K8S_NAME = re.compile(K8S_NAME_PATTERN)
+_QUANTITY = re.compile(QUANTITY_PATTERN)
+
+
+def k8s_name_problem(value: str) -> str | None:
+    """Why `value` is not a Kubernetes object name (a DNS subdomain), or None."""
+    if len(value) > K8S_NAME_MAX_LENGTH or not _K8S_NAME.fullmatch(value):
+        return (
+            f"'{value[:40]}' is not a Kubernetes name: lowercase letters, digits, '-' and "
+            f"'.', starting and ending with a letter or digit, at most {K8S_NAME_MAX_LENGTH}"
+        )
+    return None
+
+
+def quantity_problem(value: str) -> str | None:
+    """Why `value` is not a Kubernetes quantity, or None."""
+    if len(value) > 64 or not _QUANTITY.fullmatch(value):
+        return f"'{value[:40]}' is not a Kubernetes quantity (e.g. 500m, 2, 4Gi)"
+    return None
+
+
+K8sName = Annotated[
+    str,
+    _rule(k8s_name_problem),
+    SchemaOnly(pattern=K8S_NAME_PATTERN, maxLength=K8S_NAME_MAX_LENGTH),
+]
+Quantity = Annotated[
+    str, _rule(quantity_problem), SchemaOnly(pattern=QUANTITY_PATTERN, maxLength=64)
+]

@@ -7,15 +7,17 @@ Two wire forms mean the same experiment: the bare form (`schemaVersion: maka.eva
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field
 
 from maka_eval.spec.base import (
     ExperimentId,
     Id,
+    K8sName,
     NonBlank,
     PositiveSeconds,
+    Quantity,
     SpecModel,
     TaskPath,
     Text,
@@ -94,6 +96,126 @@ class LocalExecutor(SpecModel):
     config: LocalExecutorConfig = Field(default_factory=LocalExecutorConfig)
 
 
+ImageName = Annotated[NonBlank, Field(max_length=512)]
+"""A container image reference (registry/name:tag or @digest)."""
+
+
+class ResourceList(SpecModel):
+    """Amounts of CPU, memory and ephemeral storage (Kubernetes quantities)."""
+
+    cpu: Quantity | None = Field(default=None, description="CPU, e.g. 500m or 2.")
+    memory: Quantity | None = Field(default=None, description="Memory, e.g. 4Gi.")
+    ephemeral_storage: Quantity | None = Field(
+        default=None, alias="ephemeral-storage", description="Local disk, e.g. 10Gi."
+    )
+
+
+class ResourceRequirements(SpecModel):
+    """CPU and memory of each attempt's subject container."""
+
+    requests: ResourceList = Field(
+        default_factory=ResourceList, description="Guaranteed resources (scheduling)."
+    )
+    limits: ResourceList = Field(
+        default_factory=ResourceList,
+        description="Hard caps; a container over its memory limit is OOMKilled.",
+    )
+
+
+class Toleration(SpecModel):
+    """A Kubernetes toleration copied into every attempt Pod."""
+
+    key: str | None = Field(default=None, max_length=316, description="Taint key.")
+    operator: Literal["Exists", "Equal"] | None = Field(default=None, description="Match.")
+    value: str | None = Field(default=None, max_length=63, description="Taint value.")
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
+        default=None, description="Taint effect (empty: all)."
+    )
+    toleration_seconds: int | None = Field(
+        default=None, ge=0, description="How long a NoExecute taint is tolerated."
+    )
+
+
+class SecretKey(SpecModel):
+    """Where one credential's value is: a key of a Secret in the experiment's namespace."""
+
+    name: K8sName = Field(description="The Secret's name.")
+    key: NonBlank = Field(description="The key in the Secret's data.")
+
+
+DEFAULT_CREDENTIALS_SECRET = "maka-eval-credentials"
+
+
+class KubernetesExecutorConfig(SpecModel):
+    """Settings of the Kubernetes executor (the operator runs each attempt as a Pod)."""
+
+    relay_image: ImageName = Field(
+        description="Image holding the relay bundle at /opt/maka-eval (copied into each Pod)."
+    )
+    egress_image: ImageName = Field(
+        description="Image of the egress proxy sidecar (mitmproxy with maka-eval's addons)."
+    )
+    benchmark_image: ImageName = Field(
+        description=(
+            "Image holding the experiment folder at /benchmark: the benchmark folder "
+            "(benchmark.config.path) and any subject program named by a relative path "
+            "resolve under it, as they do next to the experiment file locally."
+        )
+    )
+    task_image: ImageName = Field(
+        description="Image the subject container runs (the task's environment)."
+    )
+    task_images: dict[str, ImageName] = Field(
+        default_factory=dict, description="Per-task image overrides: task id -> image."
+    )
+    runtime_host: RuntimeHost | None = Field(
+        default=None,
+        description="Runtime Host command inside the task image; required for 'maka' subjects.",
+    )
+    credentials: dict[str, SecretKey] = Field(
+        default_factory=dict,
+        description=(
+            "Where each declared credential comes from. A credential not listed here is "
+            f"key <NAME> of Secret '{DEFAULT_CREDENTIALS_SECRET}'."
+        ),
+    )
+    resources: ResourceRequirements = Field(default_factory=ResourceRequirements)
+    runtime_class_name: K8sName | None = Field(
+        default=None, description="RuntimeClass of attempt Pods (e.g. gvisor, kata)."
+    )
+    node_selector: dict[str, Annotated[str, Field(max_length=63)]] = Field(
+        default_factory=dict, description="Node labels attempt Pods must run on."
+    )
+    tolerations: tuple[Toleration, ...] = Field(
+        default=(), description="Tolerations of attempt Pods."
+    )
+    image_pull_deadline_sec: PositiveSeconds = Field(
+        default=300.0,
+        description=(
+            "An attempt whose image has not been pulled after this long is an "
+            "infrastructure failure (and is retried)."
+        ),
+    )
+    service_account_name: K8sName | None = Field(
+        default=None,
+        description="ServiceAccount of attempt Pods; its token is never mounted.",
+    )
+
+    def credential(self, name: str) -> SecretKey:
+        """Where credential `name` comes from."""
+        return self.credentials.get(name) or SecretKey(name=DEFAULT_CREDENTIALS_SECRET, key=name)
+
+
+class KubernetesExecutor(SpecModel):
+    """Run every cell as a Pod on a Kubernetes cluster (the maka-eval operator)."""
+
+    kind: Literal["kubernetes"]
+    config: KubernetesExecutorConfig
+
+
+Executor = Annotated[LocalExecutor | KubernetesExecutor, Field(discriminator="kind")]
+
+
 class Timeouts(SpecModel):
     """Timeouts used when a task's task.toml does not set its own."""
 
@@ -153,7 +275,7 @@ class ExperimentSpec(SpecModel):
     """Everything an experiment means, apart from its id."""
 
     benchmark: Benchmark
-    executor: LocalExecutor
+    executor: Executor
     execution: Execution
     subjects: tuple[Subject, ...] = Field(min_length=1, description="Agents under test.")
     tasks: tuple[Task, ...] = Field(min_length=1, description="Tasks, in order.")

@@ -77,6 +77,12 @@ CROSS_FIELD_RULES: tuple[CrossFieldRule, ...] = (
         "executor.config.runtimeHost is required when any subject has kind 'maka'.",
     ),
     CrossFieldRule(
+        "kubernetes-executor-maps",
+        "Keys of executor.config.taskImages are task ids of the experiment, and keys of "
+        "executor.config.credentials are credentials some subject declares.",
+        checks=(ids.id_problem, ids.env_name_problem),
+    ),
+    CrossFieldRule(
         "subject-fields-per-kind",
         "A subject has exactly the fields of its kind: external needs config.command, maka "
         "needs config.profile, oracle takes no config fields (the CRD merges the kinds "
@@ -205,7 +211,7 @@ def _subject_environment(subject: Mapping[str, Any], where: str) -> Iterator[Pro
 
 def _runtime_host(doc: Mapping[str, Any], prefix: str) -> Iterator[Problem]:
     executor = doc.get("executor")
-    if not isinstance(executor, Mapping) or executor.get("kind") != "local":
+    if not isinstance(executor, Mapping) or executor.get("kind") not in ("local", "kubernetes"):
         return
     config = executor.get("config")
     has_host = isinstance(config, Mapping) and config.get("runtimeHost") is not None
@@ -234,6 +240,36 @@ def _subject_environments(doc: Mapping[str, Any], prefix: str) -> Iterator[Probl
         yield from _subject_environment(subject, f"{prefix}subjects[{i}]")
 
 
+def _kubernetes_maps(doc: Mapping[str, Any], prefix: str) -> Iterator[Problem]:
+    executor = doc.get("executor")
+    if not isinstance(executor, Mapping) or executor.get("kind") != "kubernetes":
+        return
+    config = executor.get("config")
+    if not isinstance(config, Mapping):
+        return
+    where = f"{prefix}executor.config"
+    task_ids = [t.get("id") for _, t in _items(doc, "tasks")]
+    images = config.get("taskImages")
+    for key in images if isinstance(images, Mapping) else ():
+        if key not in task_ids:
+            known = ", ".join(f"'{t}'" for t in task_ids if isinstance(t, str))
+            yield Problem(f"{where}.taskImages.{key}", f"no task has id '{key}'; tasks: {known}")
+    declared = {
+        c
+        for _, s in _items(doc, "subjects")
+        for c in (s.get("credentials") or ())
+        if isinstance(c, str)
+    }
+    credentials = config.get("credentials")
+    for key in credentials if isinstance(credentials, Mapping) else ():
+        if key not in declared:
+            yield Problem(
+                f"{where}.credentials.{key}",
+                f"no subject declares credential '{key}'; declare it in a subject's "
+                "credentials or remove this entry",
+            )
+
+
 DocumentCheck = Callable[[Mapping[str, Any], str], Iterable[Problem]]
 
 DOCUMENT_CHECKS: tuple[tuple[tuple[str, ...], DocumentCheck], ...] = (
@@ -250,6 +286,7 @@ DOCUMENT_CHECKS: tuple[tuple[tuple[str, ...], DocumentCheck], ...] = (
         _subject_environments,
     ),
     (("runtime-host-for-maka",), _runtime_host),
+    (("kubernetes-executor-maps",), _kubernetes_maps),
 )
 """Every check `cross_field_problems` runs, with the CROSS_FIELD_RULES it enforces."""
 

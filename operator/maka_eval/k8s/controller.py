@@ -1,0 +1,747 @@
+"""One reconcile pass of one Experiment: observe -> decide -> act.
+
+The pass reads what the store has observed (watch events, never a periodic LIST), asks
+the engine's `decide()` what to start -- the same function the local executor calls --
+and carries it out with as few writes as the objects allow. Per attempt lifecycle:
+create Attempt, NetworkPolicy and Pod (3), lift the task group's scheduling gate (1,
+only for groups of two or more arms), write the result once into Attempt status (1), and
+the Cell's status (1). The Experiment's status is written once per pass, when it
+changed, so a burst of events costs one write.
+
+Everything the pass decides is idempotent: names are deterministic (a second create is
+a harmless 409), the result is written once (the API server refuses a second, different
+write), and a Cell's selected attempt never changes. An operator killed at any point and
+restarted reads the cluster again and carries on without duplicates or lost results.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from maka_eval.contract.fields import ContractError
+from maka_eval.contract.kernel import ResultKernel
+from maka_eval.engine.budget import BudgetState, budget_state
+from maka_eval.engine.expand import Cell, Expansion, expand
+from maka_eval.engine.reconcile import Decision, Policy, Request, decide
+from maka_eval.engine.selection import CellState, cell_state, select_result
+from maka_eval.engine.status import AttemptStatus, Trigger
+from maka_eval.errors import MakaEvalError, Problem
+from maka_eval.k8s import names
+from maka_eval.k8s.cluster import AlreadyExists, Cluster, Rejected
+from maka_eval.k8s.render import (
+    ExperimentRef,
+    attempt_object,
+    cell_object,
+    credential_sources,
+    network_policy_object,
+    pod_object,
+)
+from maka_eval.k8s.resources import CellPhase, ExperimentPhase
+from maka_eval.k8s.results import (
+    image_pull_failed,
+    image_pull_waiting_since,
+    parse_time,
+    pod_end,
+    pod_gone,
+)
+from maka_eval.k8s.store import ExperimentView, Key, Store
+from maka_eval.spec.experiment import API_VERSION, Experiment, KubernetesExecutorConfig
+from maka_eval.spec.load import experiment_from_data
+
+log = logging.getLogger("maka_eval.operator")
+
+PREREQUISITE_RECHECK_SEC = 15.0
+"""A missing Secret is looked for again after this long (Secrets are not watched: the
+operator needs no permission to list them)."""
+
+
+@dataclass(frozen=True)
+class FinishedAttempt:
+    """An attempt with its result, as decide() and selection see it."""
+
+    name: str
+    number: int
+    status: AttemptStatus
+    trigger: Trigger
+    request: str | None
+    kernel: ResultKernel
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _stamp(moment: datetime) -> str:
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _without_none(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {k: _without_none(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_without_none(v) for v in value]
+    return value
+
+
+def problems_text(problems: Sequence[Problem]) -> str:
+    """Problems as one message: `path: what to do; ...`."""
+    return "; ".join(str(p) for p in problems)
+
+
+def validate(body: Mapping[str, Any]) -> Experiment:
+    """The Experiment object's spec, validated exactly as `maka-eval validate` does."""
+    document = {
+        "apiVersion": API_VERSION,
+        "kind": "Experiment",
+        "metadata": {"name": body["metadata"]["name"]},
+        "spec": body.get("spec") or {},
+    }
+    experiment, _ = experiment_from_data(document, f"Experiment {body['metadata']['name']}")
+    if not isinstance(experiment.spec.executor.config, KubernetesExecutorConfig):
+        raise MakaEvalError(
+            "not for a cluster",
+            [
+                Problem(
+                    "spec.executor.kind",
+                    f"is '{experiment.spec.executor.kind}': the operator runs experiments "
+                    "with executor.kind: kubernetes (set relayImage, egressImage, "
+                    "benchmarkImage and taskImage in executor.config); run this one with "
+                    "`maka-eval run` instead",
+                )
+            ],
+        )
+    return experiment
+
+
+class Controller:
+    """Reconciles experiments; `reconcile(key)` returns seconds until a timer is due."""
+
+    def __init__(
+        self,
+        cluster: Cluster,
+        store: Store,
+        *,
+        parallelism: int = 16,
+        clock: Callable[[], datetime] = _now,
+    ) -> None:
+        self.cluster = cluster
+        self.store = store
+        self.clock = clock
+        self.pool = ThreadPoolExecutor(max_workers=parallelism, thread_name_prefix="maka-write")
+        self._kernels: dict[tuple[str, str], ResultKernel | None] = {}
+        self._specs: dict[tuple[str, int], Experiment | MakaEvalError] = {}
+        self._prerequisites_ok: set[tuple[str, int]] = set()
+        self._settled: dict[Key, int] = {}
+
+    # -- the pass ------------------------------------------------------------------------
+    def reconcile(self, key: Key) -> float | None:
+        view = self.store.snapshot(key)
+        if view is None:
+            self._settled.pop(key, None)
+            return None
+        body = view.body
+        assert body is not None
+        meta = body["metadata"]
+        if meta.get("deletionTimestamp"):
+            return None
+        ref = ExperimentRef(meta["name"], meta["namespace"], meta["uid"])
+        generation = int(meta.get("generation") or 1)
+
+        spec_key = (meta["uid"], generation)
+        parsed = self._specs.get(spec_key)
+        if parsed is None:
+            try:
+                parsed = validate(body)
+            except MakaEvalError as exc:
+                parsed = exc
+            self._specs[spec_key] = parsed
+        if isinstance(parsed, MakaEvalError):
+            message = problems_text(parsed.problems) or parsed.summary
+            self._write_experiment_status(
+                view,
+                ref,
+                generation,
+                ExperimentPhase.FAILED,
+                {},
+                conditions=[
+                    ("Validated", False, "InvalidSpec", message),
+                    ("Failed", True, "InvalidSpec", "the spec is not valid; no cell was created"),
+                ],
+            )
+            return None
+        experiment = parsed
+
+        if spec_key not in self._prerequisites_ok:
+            missing = self.prerequisites(ref.namespace, experiment)
+            if missing:
+                self._write_experiment_status(
+                    view,
+                    ref,
+                    generation,
+                    ExperimentPhase.PENDING,
+                    {},
+                    conditions=[
+                        ("Validated", True, "Valid", "the spec is valid"),
+                        ("PrerequisitesMet", False, "Missing", problems_text(missing)),
+                    ],
+                )
+                return PREREQUISITE_RECHECK_SEC
+            self._prerequisites_ok.add(spec_key)
+
+        expansion = expand(experiment)
+        self._ensure_cells(view, ref, expansion)
+        wake = self._collect_results(view, experiment)
+        decision, finished, _running, budget = self._decide(view, experiment, expansion, key)
+        self._launch(view, ref, experiment, decision, finished)
+        self._lift_gates(view)
+        self._write_cell_statuses(view, expansion, experiment, finished)
+        self._write_summary(view, ref, generation, experiment, expansion, decision, budget)
+        return wake
+
+    # -- prerequisites -------------------------------------------------------------------
+    def prerequisites(self, namespace: str, experiment: Experiment) -> list[Problem]:
+        """What must exist before anything starts: each declared credential's Secret and
+        key (the images and toolchains are required by the spec's own validation)."""
+        problems = []
+        secrets: dict[str, dict[str, Any] | None] = {}
+        subject_index = {s.id: i for i, s in enumerate(experiment.spec.subjects)}
+        for subject_id, credential, secret, key in credential_sources(experiment):
+            if secret not in secrets:
+                secrets[secret] = self.cluster.get("Secret", namespace, secret)
+            found = secrets[secret]
+            where = f"spec.subjects[{subject_index[subject_id]}].credentials"
+            if found is None:
+                problems.append(
+                    Problem(
+                        where,
+                        f"Secret '{secret}' (key '{key}', credential {credential} of subject "
+                        f"'{subject_id}') does not exist in namespace {namespace}; create it: "
+                        f"kubectl -n {namespace} create secret generic {secret} "
+                        f"--from-literal={key}=...",
+                    )
+                )
+            elif key not in (found.get("data") or {}) and key not in (
+                found.get("stringData") or {}
+            ):
+                problems.append(
+                    Problem(
+                        where,
+                        f"Secret '{secret}' has no key '{key}' (credential {credential} of "
+                        f"subject '{subject_id}'); add it, or map the credential to another "
+                        "key in spec.executor.config.credentials",
+                    )
+                )
+        return problems
+
+    # -- cells ---------------------------------------------------------------------------
+    def _ensure_cells(self, view: ExperimentView, ref: ExperimentRef, expansion: Expansion) -> None:
+        missing = [
+            cell_object(ref, cell)
+            for cell in expansion.cells
+            if names.cell_name(ref.name, cell.task_id, cell.repetition, cell.subject_id)
+            not in view.cells
+        ]
+        if not missing:
+            return
+
+        def create(obj: dict[str, Any]) -> dict[str, Any] | None:
+            try:
+                return self.cluster.create("Cell", ref.namespace, obj)
+            except AlreadyExists:
+                return self.cluster.get("Cell", ref.namespace, obj["metadata"]["name"])
+
+        for created in self.pool.map(create, missing):
+            if created is not None:
+                created.setdefault("kind", "Cell")
+                self.store.put("Cell", created)
+                view.cells[created["metadata"]["name"]] = created
+
+    # -- results -------------------------------------------------------------------------
+    def _kernel(self, attempt: Mapping[str, Any]) -> ResultKernel | None:
+        result = (attempt.get("status") or {}).get("result")
+        if not result:
+            return None
+        meta = attempt["metadata"]
+        cache_key = (meta["name"], meta.get("resourceVersion") or "")
+        if cache_key not in self._kernels:
+            try:
+                self._kernels[cache_key] = ResultKernel.from_dict(result)
+            except ContractError as exc:
+                log.warning("attempt %s has an unreadable result: %s", meta["name"], exc)
+                self._kernels[cache_key] = None
+        return self._kernels[cache_key]
+
+    def _collect_results(self, view: ExperimentView, experiment: Experiment) -> float | None:
+        """Write the result of every attempt whose Pod has ended (or is gone)."""
+        config = experiment.spec.executor.config
+        assert isinstance(config, KubernetesExecutorConfig)
+        now = self.clock()
+        wake: float | None = None
+        ended: list[tuple[dict[str, Any], ResultKernel, datetime | None, datetime, bool]] = []
+        for name, attempt in view.attempts.items():
+            if (attempt.get("status") or {}).get("result"):
+                continue
+            pod = view.pods.get(name)
+            if pod is None:
+                ended.append((attempt, pod_gone(), None, now, False))
+                continue
+            end = pod_end(pod, now)
+            if end is not None:
+                ended.append((attempt, end.kernel, end.started_at, end.finished_at, False))
+                continue
+            waiting = image_pull_waiting_since(pod)
+            if waiting is not None:
+                waited = (now - waiting).total_seconds()
+                if waited >= config.image_pull_deadline_sec:
+                    ended.append((attempt, image_pull_failed(waited), None, now, True))
+                else:
+                    due = config.image_pull_deadline_sec - waited
+                    wake = due if wake is None else min(wake, due)
+
+        def write(
+            item: tuple[dict[str, Any], ResultKernel, datetime | None, datetime, bool],
+        ) -> None:
+            attempt, kernel, started, finished, delete_pod = item
+            name = attempt["metadata"]["name"]
+            namespace = attempt["metadata"]["namespace"]
+            if delete_pod:
+                self.cluster.delete("Pod", namespace, name)
+            status: dict[str, Any] = {
+                "phase": "Finished",
+                "podName": name,
+                "finishedAt": _stamp(finished),
+                "result": _without_none(kernel.to_dict()),
+            }
+            if started is not None:
+                status["startedAt"] = _stamp(started)
+            try:
+                updated = self.cluster.patch(
+                    "Attempt", namespace, name, {"status": status}, status=True
+                )
+            except Rejected as exc:
+                if exc.status not in (409, 422):
+                    raise
+                # Written before (by an operator that stopped before it saw the answer):
+                # the first write stands.
+                fresh = self.cluster.get("Attempt", namespace, name)
+                if fresh is None:
+                    return
+                updated = fresh
+            updated.setdefault("kind", "Attempt")
+            self.store.put("Attempt", updated)
+            view.attempts[name] = updated
+
+        list(self.pool.map(write, ended))
+        return wake
+
+    # -- deciding ------------------------------------------------------------------------
+    def _finished(self, view: ExperimentView) -> tuple[dict[str, list[FinishedAttempt]], set[str]]:
+        finished: dict[str, list[FinishedAttempt]] = {}
+        running: set[str] = set()
+        for name, attempt in view.attempts.items():
+            spec = attempt.get("spec") or {}
+            kernel = self._kernel(attempt)
+            if kernel is None:
+                if not (attempt.get("status") or {}).get("result"):
+                    running.add(spec["cellId"])
+                continue
+            finished.setdefault(spec["cellId"], []).append(
+                FinishedAttempt(
+                    name,
+                    int(spec["number"]),
+                    kernel.status,
+                    Trigger(spec["trigger"]),
+                    spec.get("request"),
+                    kernel,
+                )
+            )
+        for attempts in finished.values():
+            attempts.sort(key=lambda a: a.number)
+        return finished, running
+
+    def _decide(
+        self, view: ExperimentView, experiment: Experiment, expansion: Expansion, key: Key
+    ) -> tuple[Decision, dict[str, list[FinishedAttempt]], set[str], BudgetState]:
+        spec = experiment.spec
+        finished, running = self._finished(view)
+        budget = budget_state(
+            spec.budget.max_cost_usd,
+            spec.budget.max_tokens,
+            (
+                (a.kernel.usage, a.kernel.cost_usd)
+                for attempts in finished.values()
+                for a in attempts
+            ),
+        )
+        requests = []
+        for cell in view.cells.values():
+            token = ((cell.get("metadata") or {}).get("annotations") or {}).get(
+                names.RERUN_ANNOTATION
+            )
+            if token:
+                requests.append(Request(cell["spec"]["cellId"], token[:256]))
+        policy = Policy(spec.execution.max_concurrent_task_groups, spec.execution.max_infra_retries)
+        answered_running = {
+            (a.get("spec") or {}).get("request")
+            for a in view.attempts.values()
+            if (a.get("spec") or {}).get("request")
+        }
+        requests = [r for r in requests if r.token not in answered_running]
+        decision = decide(
+            expansion, finished, running, budget, policy, requests, self._settled.get(key, 0)
+        )
+        self._settled[key] = decision.settled
+        return decision, finished, running, budget
+
+    # -- acting --------------------------------------------------------------------------
+    def _launch(
+        self,
+        view: ExperimentView,
+        ref: ExperimentRef,
+        experiment: Experiment,
+        decision: Decision,
+        finished: Mapping[str, Sequence[FinishedAttempt]],
+    ) -> None:
+        numbers: dict[str, int] = {}
+        for attempt in view.attempts.values():
+            spec = attempt.get("spec") or {}
+            numbers[spec["cellId"]] = max(numbers.get(spec["cellId"], 0), int(spec["number"]))
+        work = [
+            (start.cell, start.trigger, start.request, launch.together)
+            for launch in decision.launches
+            for start in launch.arms
+        ]
+
+        def start(item: tuple[Cell, Trigger, str | None, bool]) -> None:
+            cell, trigger, request, gated = item
+            cell_name = names.cell_name(ref.name, cell.task_id, cell.repetition, cell.subject_id)
+            cell_obj = view.cells.get(cell_name)
+            if cell_obj is None:
+                return
+            number = numbers.get(cell.id, 0) + 1
+            body = attempt_object(ref, cell, cell_obj["metadata"]["uid"], number, trigger, request)
+            try:
+                attempt = self.cluster.create("Attempt", ref.namespace, body)
+            except AlreadyExists:
+                # Created by an earlier pass whose answer was lost: carry on with it.
+                existing = self.cluster.get("Attempt", ref.namespace, body["metadata"]["name"])
+                if existing is None:
+                    return
+                attempt = existing
+            attempt.setdefault("kind", "Attempt")
+            self.store.put("Attempt", attempt)
+            view.attempts[attempt["metadata"]["name"]] = attempt
+            if (attempt.get("status") or {}).get("result"):
+                return
+            for kind, obj in (
+                ("NetworkPolicy", network_policy_object(ref, attempt)),
+                ("Pod", pod_object(ref, experiment, cell, attempt, gated=gated)),
+            ):
+                try:
+                    created = self.cluster.create(kind, ref.namespace, obj)
+                except AlreadyExists:
+                    if kind != "Pod":
+                        continue
+                    found = self.cluster.get("Pod", ref.namespace, obj["metadata"]["name"])
+                    if found is None:
+                        continue
+                    created = found
+                if kind == "Pod":
+                    created.setdefault("kind", "Pod")
+                    self.store.put("Pod", created)
+                    view.pods[created["metadata"]["name"]] = created
+
+        list(self.pool.map(start, work))
+
+    def _lift_gates(self, view: ExperimentView) -> None:
+        """Lift the group gate of Pods whose every running arm has its Pod."""
+        waiting_groups: dict[str, list[dict[str, Any]]] = {}
+        for pod in view.pods.values():
+            gates = (pod.get("spec") or {}).get("schedulingGates") or []
+            if any(g.get("name") == names.GROUP_GATE for g in gates):
+                group = pod["metadata"]["labels"].get(names.LABEL_GROUP, "")
+                waiting_groups.setdefault(group, []).append(pod)
+        if not waiting_groups:
+            return
+        missing_pod_groups = set()
+        for name, attempt in view.attempts.items():
+            if (attempt.get("status") or {}).get("result"):
+                continue
+            if name not in view.pods:
+                missing_pod_groups.add(attempt["metadata"]["labels"].get(names.LABEL_GROUP, ""))
+        to_lift = [
+            pod
+            for group, pods in waiting_groups.items()
+            if group not in missing_pod_groups
+            for pod in pods
+        ]
+
+        def lift(pod: dict[str, Any]) -> None:
+            gates = pod["spec"]["schedulingGates"]
+            remaining = [g for g in gates if g.get("name") != names.GROUP_GATE]
+            patch = {"spec": {"schedulingGates": remaining or None}}
+            meta = pod["metadata"]
+            try:
+                updated = self.cluster.patch("Pod", meta["namespace"], meta["name"], patch)
+            except Rejected as exc:
+                if exc.status == 404:
+                    return
+                raise
+            updated.setdefault("kind", "Pod")
+            self.store.put("Pod", updated)
+            view.pods[meta["name"]] = updated
+
+        list(self.pool.map(lift, to_lift))
+
+    # -- status --------------------------------------------------------------------------
+    def _write_cell_statuses(
+        self,
+        view: ExperimentView,
+        expansion: Expansion,
+        experiment: Experiment,
+        finished: Mapping[str, Sequence[FinishedAttempt]],
+    ) -> None:
+        del expansion
+        retries = experiment.spec.execution.max_infra_retries
+        refreshed, _ = self._finished(view)
+        patches = []
+        for name, cell in view.cells.items():
+            cell_id = cell["spec"]["cellId"]
+            attempts = refreshed.get(cell_id, [])
+            if not attempts:
+                continue
+            current = cell.get("status") or {}
+            selected = select_result(attempts)
+            state = cell_state([a.status for a in attempts], retries)
+            desired: dict[str, Any] = {
+                "attempts": len(attempts),
+                "phase": (
+                    CellPhase.DONE
+                    if state is CellState.DONE
+                    else CellPhase.FAILED
+                    if state is CellState.EXHAUSTED
+                    else CellPhase.PENDING
+                ).value,
+                "rerunTokens": sorted({a.request for a in attempts if a.request}),
+            }
+            if selected is not None:
+                chosen = current.get("selectedAttempt") or selected.number
+                pick = next((a for a in attempts if a.number == chosen), selected)
+                desired["selectedAttempt"] = pick.number
+                desired["status"] = pick.status.value
+                if pick.kernel.score is not None:
+                    desired["score"] = pick.kernel.score
+            if all(current.get(k) == v for k, v in desired.items()):
+                continue
+            patches.append((name, cell["metadata"]["namespace"], desired))
+
+        def write(item: tuple[str, str, dict[str, Any]]) -> None:
+            name, namespace, desired = item
+            updated = self.cluster.patch("Cell", namespace, name, {"status": desired}, status=True)
+            updated.setdefault("kind", "Cell")
+            self.store.put("Cell", updated)
+            view.cells[name] = updated
+
+        list(self.pool.map(write, patches))
+        del finished
+
+    def _write_summary(
+        self,
+        view: ExperimentView,
+        ref: ExperimentRef,
+        generation: int,
+        experiment: Experiment,
+        expansion: Expansion,
+        decision: Decision,
+        budget: BudgetState,
+    ) -> None:
+        finished, running = self._finished(view)
+        retries = experiment.spec.execution.max_infra_retries
+        done = failed = 0
+        per_subject: dict[str, dict[str, Any]] = {
+            s.id: {"subjectId": s.id, "n": 0, "scores": [], "cost": None, "tokens": 0}
+            for s in experiment.spec.subjects
+        }
+        for cell in expansion.cells:
+            attempts = finished.get(cell.id, [])
+            summary = per_subject[cell.subject_id]
+            for a in attempts:
+                if a.kernel.cost_usd is not None:
+                    summary["cost"] = (summary["cost"] or 0.0) + a.kernel.cost_usd
+                if a.kernel.usage is not None:
+                    summary["tokens"] += a.kernel.usage.total_tokens
+            state = cell_state([a.status for a in attempts], retries)
+            if state is CellState.DONE:
+                done += 1
+                selected = select_result(attempts)
+                if selected is not None and selected.kernel.score is not None:
+                    summary["n"] += 1
+                    summary["scores"].append(selected.kernel.score)
+            elif state is CellState.EXHAUSTED and cell.id not in running:
+                failed += 1
+        subjects = []
+        for s in per_subject.values():
+            scores = s["scores"]
+            subjects.append(
+                _without_none(
+                    {
+                        "subjectId": s["subjectId"],
+                        "n": s["n"],
+                        "meanScore": round(sum(scores) / len(scores), 6) if scores else None,
+                        "costUsd": round(s["cost"], 6) if s["cost"] is not None else None,
+                        "tokens": s["tokens"],
+                    }
+                )
+            )
+        total = len(expansion.cells)
+        idle = decision.idle and not any(
+            not (a.get("status") or {}).get("result") for a in view.attempts.values()
+        )
+        held = decision.held_by_budget > 0
+        if idle and held:
+            phase = ExperimentPhase.BUDGET_EXHAUSTED
+        elif idle:
+            phase = ExperimentPhase.COMPLETE
+        else:
+            phase = ExperimentPhase.RUNNING
+        conditions = [
+            ("Validated", True, "Valid", "the spec is valid"),
+            ("PrerequisitesMet", True, "Found", "every declared credential's Secret exists"),
+            (
+                "Running",
+                not idle,
+                "AttemptsRunning" if not idle else "Idle",
+                f"{len(running)} attempt(s) running" if not idle else "nothing is running",
+            ),
+            (
+                "Complete",
+                idle and not held,
+                "AllCellsSettled" if idle and not held else "CellsPending",
+                f"{done} of {total} cells have a result, {failed} failed",
+            ),
+            (
+                "BudgetExhausted",
+                budget.exhausted,
+                "BudgetReached" if budget.exhausted else "WithinBudget",
+                budget.describe(),
+            ),
+            (
+                "Failed",
+                failed > 0 and idle,
+                "CellsFailed" if failed > 0 and idle else "NoFailure",
+                f"{failed} cell(s) used up their infrastructure retries without a result"
+                if failed
+                else "no cell failed",
+            ),
+        ]
+        counters = {
+            "cellsTotal": total,
+            "cellsDone": done,
+            "cellsFailed": failed,
+            "cellsRunning": len(running),
+            "attempts": len(view.attempts),
+            "attemptsRunning": len(running),
+            "subjects": subjects,
+            "budget": {
+                "costUsd": round(budget.spent_cost_usd, 6),
+                "tokens": budget.spent_tokens,
+                "held": budget.exhausted,
+            },
+        }
+        self._write_experiment_status(view, ref, generation, phase, counters, conditions=conditions)
+
+    def _write_experiment_status(
+        self,
+        view: ExperimentView,
+        ref: ExperimentRef,
+        generation: int,
+        phase: ExperimentPhase,
+        counters: Mapping[str, Any],
+        *,
+        conditions: Sequence[tuple[str, bool, str, str]],
+    ) -> None:
+        body = view.body
+        assert body is not None
+        current = body.get("status") or {}
+        old = {c.get("type"): c for c in current.get("conditions") or ()}
+        now = _stamp(self.clock())
+        new_conditions = []
+        transitions = []
+        for type_, truth, reason, message in conditions:
+            status = "True" if truth else "False"
+            before = old.get(type_) or {}
+            changed = before.get("status") != status
+            new_conditions.append(
+                {
+                    "type": type_,
+                    "status": status,
+                    "reason": reason,
+                    "message": message[:32768],
+                    "observedGeneration": generation,
+                    "lastTransitionTime": now if changed else before.get("lastTransitionTime", now),
+                }
+            )
+            if changed and (truth or before):
+                transitions.append((type_, status, reason, message))
+        desired = {
+            "observedGeneration": generation,
+            "phase": phase.value,
+            "conditions": new_conditions,
+            **counters,
+        }
+        if all(current.get(k) == v for k, v in desired.items()):
+            return
+        updated = self.cluster.patch(
+            "Experiment", ref.namespace, ref.name, {"status": desired}, status=True
+        )
+        updated.setdefault("kind", "Experiment")
+        self.store.put("Experiment", updated)
+        view.body = updated
+        for type_, status, reason, message in transitions:
+            self._event(
+                ref,
+                reason,
+                f"{type_}={status}: {message}",
+                warning=type_ == "Failed"
+                or (type_ in ("Validated", "PrerequisitesMet") and status == "False"),
+            )
+
+    def _event(self, ref: ExperimentRef, reason: str, message: str, *, warning: bool) -> None:
+        now = _stamp(self.clock())
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{ref.name}.", "namespace": ref.namespace},
+            "involvedObject": {
+                "apiVersion": API_VERSION,
+                "kind": "Experiment",
+                "name": ref.name,
+                "namespace": ref.namespace,
+                "uid": ref.uid,
+            },
+            "reason": reason,
+            "message": message[:1024],
+            "type": "Warning" if warning else "Normal",
+            "source": {"component": "maka-eval-operator"},
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        try:
+            self.cluster.create("Event", ref.namespace, body)
+        except (Rejected, AlreadyExists) as exc:  # an Event is informative only
+            log.info("could not record event %s: %s", reason, exc)
+
+
+def monotonic() -> float:
+    """Seconds on the monotonic clock (the worker's timers)."""
+    return time.monotonic()
+
+
+__all__ = ["Controller", "parse_time", "validate"]
