@@ -177,7 +177,11 @@ def _merge_objects(schemas: list[Schema], where: str, skip: str | None = None) -
         if name == skip:
             continue
         present = [s["properties"][name] for s in schemas if name in s.get("properties", {})]
-        out["properties"][name] = _merge(present, f"{where}.{name}")
+        merged = _merge(present, f"{where}.{name}")
+        if len(present) < len(schemas) and "default" in merged:
+            # The API server would fill it into every variant, also those without it.
+            merged = {k: v for k, v in merged.items() if k != "default"}
+        out["properties"][name] = merged
     required = set.intersection(*(set(s.get("required", [])) for s in schemas))
     if required:
         out["required"] = [n for n in names if n in required]
