@@ -244,7 +244,7 @@ class Controller:
         missing = [
             cell_object(ref, cell)
             for cell in expansion.cells
-            if names.cell_name(ref.name, cell.task_id, cell.repetition, cell.subject_id)
+            if names.cell_name(ref.name, ref.uid, cell.task_id, cell.repetition, cell.subject_id)
             not in view.cells
         ]
         if not missing:
@@ -420,7 +420,9 @@ class Controller:
 
         def start(item: tuple[Cell, Trigger, str | None, bool]) -> None:
             cell, trigger, request, gated = item
-            cell_name = names.cell_name(ref.name, cell.task_id, cell.repetition, cell.subject_id)
+            cell_name = names.cell_name(
+                ref.name, ref.uid, cell.task_id, cell.repetition, cell.subject_id
+            )
             cell_obj = view.cells.get(cell_name)
             if cell_obj is None:
                 return

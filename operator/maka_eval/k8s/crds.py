@@ -265,10 +265,34 @@ def crd(kind: Kind) -> dict[str, Any]:
     }
 
 
+class _Dumper(yaml.SafeDumper):
+    """Quotes the strings YAML 1.1 reads as booleans (y, n, on, off...): kubectl's Go
+    YAML parser would turn a property named `n` into `false`."""
+
+
+_YAML11_BOOLEANS = {
+    v
+    for word in ("y", "yes", "n", "no", "true", "false", "on", "off")
+    for v in (word, word.upper(), word.title())
+}
+
+
+def _represent_str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    style = "'" if value in _YAML11_BOOLEANS else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_Dumper.add_representer(str, _represent_str)
+
+
 def render(document: Mapping[str, Any]) -> str:
     """Deterministic YAML of one CRD, with the do-not-edit header."""
-    body = yaml.safe_dump(
-        copy.deepcopy(dict(document)), sort_keys=True, default_flow_style=False, width=100
+    body = yaml.dump(
+        copy.deepcopy(dict(document)),
+        Dumper=_Dumper,
+        sort_keys=True,
+        default_flow_style=False,
+        width=100,
     )
     return HEADER + body
 

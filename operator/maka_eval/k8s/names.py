@@ -14,6 +14,8 @@ import re
 from maka_eval.spec.experiment import API_GROUP
 
 LABEL_EXPERIMENT = f"{API_GROUP}/experiment"
+LABEL_EXPERIMENT_UID = f"{API_GROUP}/experiment-uid"
+"""Tells apart the objects of an Experiment deleted and created again under its name."""
 LABEL_TASK = f"{API_GROUP}/task"
 LABEL_REPETITION = f"{API_GROUP}/repetition"
 LABEL_SUBJECT = f"{API_GROUP}/subject"
@@ -45,10 +47,15 @@ def _readable(*parts: str) -> str:
     return re.sub(r"-{2,}", "-", text)[:_PREFIX_LENGTH].strip("-") or "x"
 
 
-def cell_name(experiment: str, task_id: str, repetition: int, subject_id: str) -> str:
-    """The Cell's metadata.name: at most 56 characters, so attempt names stay labels."""
+def cell_name(
+    experiment: str, experiment_uid: str, task_id: str, repetition: int, subject_id: str
+) -> str:
+    """The Cell's metadata.name: at most 56 characters, so attempt names stay labels.
+    The hash covers the Experiment's uid: an Experiment deleted and applied again never
+    meets the old one's objects, which the garbage collector may not have removed yet."""
     prefix = _readable(experiment, task_id, str(repetition), subject_id)
-    return f"{prefix}-{short_hash(experiment, task_id, str(repetition), subject_id)}"
+    digest = short_hash(experiment, experiment_uid, task_id, str(repetition), subject_id)
+    return f"{prefix}-{digest}"
 
 
 def attempt_name(cell: str, number: int) -> str:

@@ -133,6 +133,11 @@ def build_registry(
     def worker() -> Worker | None:
         return state.get("worker")
 
+    @kopf.on.login(registry=registry)
+    def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+        # The same credentials as the operator's own client: kubeconfig, else in-cluster.
+        return kopf.login_via_client(**kwargs)
+
     @kopf.on.startup(registry=registry)
     async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
         settings.posting.enabled = False  # Events are the controller's, one per transition
@@ -221,12 +226,14 @@ def run(
         verbose=verbose,
         log_format=kopf.LogFormat.JSON if log_format == "json" else kopf.LogFormat.PLAIN,
     )
+    if not verbose:
+        # kopf logs every handled watch event at INFO: one line per Pod change.
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     registry = build_registry(namespaces=watched, metrics_port=metrics_port)
     kopf.run(
         registry=registry,
         standalone=peering is None,
-        peering_name=peering or "default",
-        priority=0,
+        peering_name=peering,
         namespaces=list(watched),
         clusterwide=not watched,
     )

@@ -70,10 +70,12 @@ def owner_reference(
     }
 
 
-def cell_labels(experiment: str, cell: Cell) -> dict[str, str]:
+def cell_labels(ref: ExperimentRef, cell: Cell) -> dict[str, str]:
     """Labels of a cell and of everything it owns."""
+    experiment = ref.name
     return {
         names.LABEL_EXPERIMENT: experiment,
+        names.LABEL_EXPERIMENT_UID: ref.uid,
         names.LABEL_TASK: cell.task_id,
         names.LABEL_REPETITION: str(cell.repetition),
         names.LABEL_SUBJECT: cell.subject_id,
@@ -84,14 +86,14 @@ def cell_labels(experiment: str, cell: Cell) -> dict[str, str]:
 
 def cell_object(ref: ExperimentRef, cell: Cell) -> dict[str, Any]:
     """The Cell object of one task x repetition x subject."""
-    name = names.cell_name(ref.name, cell.task_id, cell.repetition, cell.subject_id)
+    name = names.cell_name(ref.name, ref.uid, cell.task_id, cell.repetition, cell.subject_id)
     return {
         "apiVersion": API_VERSION,
         "kind": "Cell",
         "metadata": {
             "name": name,
             "namespace": ref.namespace,
-            "labels": cell_labels(ref.name, cell),
+            "labels": cell_labels(ref, cell),
             "ownerReferences": [owner_reference("Experiment", ref.name, ref.uid)],
         },
         "spec": {
@@ -119,7 +121,7 @@ def attempt_object(
     request: str | None,
 ) -> dict[str, Any]:
     """The Attempt object: which cell, its number and why it runs (frozen)."""
-    cell_name = names.cell_name(ref.name, cell.task_id, cell.repetition, cell.subject_id)
+    cell_name = names.cell_name(ref.name, ref.uid, cell.task_id, cell.repetition, cell.subject_id)
     name = names.attempt_name(cell_name, number)
     spec: dict[str, Any] = {
         "cellName": cell_name,
@@ -136,7 +138,7 @@ def attempt_object(
         "metadata": {
             "name": name,
             "namespace": ref.namespace,
-            "labels": {**cell_labels(ref.name, cell), names.LABEL_CELL: cell_name},
+            "labels": {**cell_labels(ref, cell), names.LABEL_CELL: cell_name},
             "ownerReferences": [owner_reference("Cell", cell_name, cell_uid)],
         },
         "spec": spec,

@@ -34,8 +34,6 @@ class ExperimentView:
     objects: dict[str, dict[str, dict[str, Any]]] = field(
         default_factory=lambda: {kind: {} for kind in KINDS}
     )
-    gone: set[str] = field(default_factory=set)
-    """Pods seen deleted (by name) whose attempt has no result yet."""
 
     @property
     def cells(self) -> dict[str, dict[str, Any]]:
@@ -97,8 +95,6 @@ class Store:
                 return key
             name = obj["metadata"]["name"]
             view.objects[kind].pop(name, None)
-            if kind == "Pod":
-                view.gone.add(name)
             return key
 
     def snapshot(self, key: Key) -> ExperimentView | None:
@@ -107,18 +103,19 @@ class Store:
             view = self._views.get(key)
             if view is None or view.body is None:
                 return None
+            uid = (view.body.get("metadata") or {}).get("uid")
+
+            def ours(obj: Mapping[str, Any]) -> bool:
+                labels = (obj.get("metadata") or {}).get("labels") or {}
+                return labels.get(names.LABEL_EXPERIMENT_UID) == uid
+
             return ExperimentView(
                 body=view.body,
-                objects={kind: dict(objs) for kind, objs in view.objects.items()},
-                gone=set(view.gone),
+                objects={
+                    kind: {n: o for n, o in objs.items() if ours(o)}
+                    for kind, objs in view.objects.items()
+                },
             )
-
-    def forget_gone(self, key: Key, pod: str) -> None:
-        """The deleted Pod's attempt has its result now."""
-        with self._lock:
-            view = self._views.get(key)
-            if view is not None:
-                view.gone.discard(pod)
 
     def experiment_keys(self) -> list[Key]:
         with self._lock:
