@@ -12,6 +12,7 @@ import base64
 import copy
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
