@@ -202,7 +202,7 @@ def test_a_group_starts_gated_then_its_gates_lift_and_a_quiet_pass_writes_nothin
 def test_results_are_written_once_and_selection_follows() -> None:
     cluster, store, controller, _ = setup()
     controller.reconcile(("ns", "hello"))
-    for name, obj in cluster.objects["Pod"].items():
+    for obj in cluster.objects["Pod"].values():
         obj["status"] = pod("Succeeded", {"exitCode": 0, "message": KERNEL.to_json()})["status"]
     sync(cluster, store)
     before = len(cluster.writes)
