@@ -115,6 +115,7 @@ class FakeCluster:
         self.objects: dict[str, dict[str, dict[str, Any]]] = {}
         self.writes: list[tuple[str, str, str]] = []
         self.version = itertools.count(1)
+        self.refuse: set[str] = set()
 
     def _stamp(self, obj: dict[str, Any]) -> dict[str, Any]:
         obj["metadata"]["resourceVersion"] = str(next(self.version))
@@ -127,6 +128,8 @@ class FakeCluster:
         self.writes.append(("POST", kind, name))
         if name in store:
             raise AlreadyExists(name)
+        if kind in self.refuse:
+            raise Rejected(403, f'pods "{name}" is forbidden: exceeded quota: pods')
         obj = copy.deepcopy(body)
         obj["metadata"]["name"] = name
         store[name] = obj
@@ -246,3 +249,16 @@ def test_an_image_that_cannot_be_pulled_fails_the_attempt_at_the_deadline() -> N
     assert all("could not be pulled within" in a["status"]["result"]["reason"] for a in first)
     retries = [a for a in cluster.objects["Attempt"].values() if a["spec"]["number"] == 2]
     assert len(retries) == 2 and all(a["spec"]["trigger"] == "retry" for a in retries)
+
+
+def test_a_pod_the_server_refuses_fails_its_attempt_with_the_servers_words() -> None:
+    cluster, store, controller, _ = setup()
+    cluster.refuse.add("Pod")
+    controller.reconcile(("ns", "hello"))
+    attempts = list(cluster.objects["Attempt"].values())
+    assert len(attempts) == 2
+    for attempt in attempts:
+        result = attempt["status"]["result"]
+        assert result["status"] == "infra_failed"
+        assert "refused the attempt's Pod: 403: " in result["reason"]
+        assert "exceeded quota" in result["reason"]

@@ -46,6 +46,7 @@ from maka_eval.k8s.resources import CellPhase, ExperimentPhase
 from maka_eval.k8s.results import (
     image_pull_failed,
     image_pull_waiting_since,
+    infra_failure,
     parse_time,
     pod_end,
     pod_gone,
@@ -308,37 +309,49 @@ class Controller:
             item: tuple[dict[str, Any], ResultKernel, datetime | None, datetime, bool],
         ) -> None:
             attempt, kernel, started, finished, delete_pod = item
-            name = attempt["metadata"]["name"]
-            namespace = attempt["metadata"]["namespace"]
             if delete_pod:
-                self.cluster.delete("Pod", namespace, name)
-            status: dict[str, Any] = {
-                "phase": "Finished",
-                "podName": name,
-                "finishedAt": _stamp(finished),
-                "result": _without_none(kernel.to_dict()),
-            }
-            if started is not None:
-                status["startedAt"] = _stamp(started)
-            try:
-                updated = self.cluster.patch(
-                    "Attempt", namespace, name, {"status": status}, status=True
-                )
-            except Rejected as exc:
-                if exc.status not in (409, 422):
-                    raise
-                # Written before (by an operator that stopped before it saw the answer):
-                # the first write stands.
-                fresh = self.cluster.get("Attempt", namespace, name)
-                if fresh is None:
-                    return
-                updated = fresh
-            updated.setdefault("kind", "Attempt")
-            self.store.put("Attempt", updated)
-            view.attempts[name] = updated
+                meta = attempt["metadata"]
+                self.cluster.delete("Pod", meta["namespace"], meta["name"])
+            self._record(view, attempt, kernel, started, finished)
 
         list(self.pool.map(write, ended))
         return wake
+
+    def _record(
+        self,
+        view: ExperimentView,
+        attempt: Mapping[str, Any],
+        kernel: ResultKernel,
+        started: datetime | None,
+        finished: datetime,
+    ) -> None:
+        """Write an attempt's result into its status, once."""
+        name = attempt["metadata"]["name"]
+        namespace = attempt["metadata"]["namespace"]
+        status: dict[str, Any] = {
+            "phase": "Finished",
+            "podName": name,
+            "finishedAt": _stamp(finished),
+            "result": _without_none(kernel.to_dict()),
+        }
+        if started is not None:
+            status["startedAt"] = _stamp(started)
+        try:
+            updated = self.cluster.patch(
+                "Attempt", namespace, name, {"status": status}, status=True
+            )
+        except Rejected as exc:
+            if exc.status not in (409, 422):
+                raise
+            # Written before (by an operator that stopped before it saw the answer): the
+            # first write stands.
+            fresh = self.cluster.get("Attempt", namespace, name)
+            if fresh is None:
+                return
+            updated = fresh
+        updated.setdefault("kind", "Attempt")
+        self.store.put("Attempt", updated)
+        view.attempts[name] = updated
 
     # -- deciding ------------------------------------------------------------------------
     def _finished(self, view: ExperimentView) -> tuple[dict[str, list[FinishedAttempt]], set[str]]:
@@ -447,6 +460,12 @@ class Controller:
             ):
                 try:
                     created = self.cluster.create(kind, ref.namespace, obj)
+                except Rejected as exc:
+                    # Refused for good (a quota, an admission policy): the attempt fails
+                    # as infrastructure, with the server's words, and is retried.
+                    failure = infra_failure(f"the API server refused the attempt's {kind}: {exc}")
+                    self._record(view, attempt, failure, None, self.clock())
+                    return
                 except AlreadyExists:
                     if kind != "Pod":
                         continue
