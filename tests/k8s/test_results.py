@@ -252,7 +252,7 @@ def test_an_image_that_cannot_be_pulled_fails_the_attempt_at_the_deadline() -> N
 
 
 def test_a_pod_the_server_refuses_fails_its_attempt_with_the_servers_words() -> None:
-    cluster, store, controller, _ = setup()
+    cluster, _store, controller, _ = setup()
     cluster.refuse.add("Pod")
     controller.reconcile(("ns", "hello"))
     attempts = list(cluster.objects["Attempt"].values())
