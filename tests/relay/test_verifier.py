@@ -17,7 +17,8 @@ from maka_eval.relay.verifier import parse_reward_json, parse_reward_txt, read_r
         (b'{"reward": "1"}', None, "finite numbers"),
         (b'{"reward": true}', None, "finite numbers"),
         (b'{"reward": NaN}', None, "finite numbers"),
-        (b'{"other": 1}', None, "no 'reward' key (keys: other)"),
+        (b'{"other": 0.5}', 0.5, None),  # one metric: it is the score
+        (b'{"passed": 3, "total": 4}', None, "no 'reward' key and several metrics"),
         (b"{", None, "not valid JSON"),
     ],
 )
@@ -46,3 +47,12 @@ def test_json_is_read_before_txt(tmp_path):
     (tmp_path / "reward.txt").unlink()
     verification, name = read_reward(str(tmp_path), "reward")
     assert verification.score is None and "neither" in verification.error
+
+
+def test_every_metric_is_recorded_and_the_score_key_picks_the_score():
+    result = parse_reward_json(b'{"accuracy": 0.75, "passed": 3, "total": 4}', "accuracy")
+    assert result.score == 0.75
+    assert result.metrics == {"accuracy": 0.75, "passed": 3.0, "total": 4.0}
+    missing = parse_reward_json(b'{"passed": 3, "total": 4}', "accuracy")
+    assert missing.score is None
+    assert "verifier.config.scoreKey" in (missing.error or "")

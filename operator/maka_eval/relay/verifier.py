@@ -1,8 +1,10 @@
 """Reading the verifier's reward the way Harbor does: reward.json first, then reward.txt.
 
-reward.json must be a flat object of finite numbers; the configured key becomes the
-score. reward.txt must hold one number. Anything else is "no reward": an
-infrastructure failure, never a zero.
+reward.json must be a flat object of finite numbers; every value is recorded as a metric
+and the configured key (`verifier.config.scoreKey`, default `reward`) becomes the score.
+When that key is missing, a file holding exactly one metric scores with it (nothing else
+can be meant); several metrics and none of them the key is "no reward". reward.txt must
+hold one number. Anything else is "no reward": an infrastructure failure, never a zero.
 """
 
 from __future__ import annotations
@@ -39,11 +41,17 @@ def parse_reward_json(data: bytes, score_key: str) -> Verification:
         return Verification(
             None, f"reward.json values must be finite numbers (not: {', '.join(bad)[:80]})"
         )
-    if score_key not in rewards:
-        keys = ", ".join(sorted(rewards))[:80] or "none"
-        return Verification(None, f"reward.json has no '{score_key}' key (keys: {keys})")
     metrics = {str(k): float(v) for k, v in rewards.items()}
-    return Verification(float(rewards[score_key]), metrics=metrics)
+    if score_key in rewards:
+        return Verification(float(rewards[score_key]), metrics=metrics)
+    if len(rewards) == 1:
+        return Verification(next(iter(metrics.values())), metrics=metrics)
+    keys = ", ".join(sorted(rewards))[:80] or "none"
+    return Verification(
+        None,
+        f"reward.json has no '{score_key}' key and several metrics (keys: {keys}); set "
+        "verifier.config.scoreKey to the one that is the score",
+    )
 
 
 def parse_reward_txt(data: bytes) -> Verification:
