@@ -377,3 +377,14 @@ def test_records_carry_the_kernel_and_artifact_digests(setup):
         assert len(data) == ref.bytes and hashlib.sha256(data).hexdigest() == ref.sha256
     doc = json.loads((s.run_dir / "experiment.json").read_text())
     assert doc["experiment"]["id"] == "exp"
+
+
+def test_a_nop_subject_leaves_the_task_as_it_was(setup):
+    doc = spec(subjects=[{"id": "oracle", "kind": "oracle"}, {"id": "nop", "kind": "nop"}])
+    s = setup(doc)
+    s.run()
+    summary = summarize(str(s.run_dir))
+    assert {r.cell_id: r.selected.result.score for r in summary.results} == {
+        "t1::1::oracle": 1.0,
+        "t1::1::nop": 0.0,
+    }

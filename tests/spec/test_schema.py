@@ -83,7 +83,7 @@ def test_the_schema_is_structural(model):
 
 def test_descriptions_are_kept_and_subject_kinds_are_merged():
     subject = SCHEMA["properties"]["subjects"]["items"]
-    assert subject["properties"]["kind"]["enum"] == ["external", "maka", "oracle"]
+    assert subject["properties"]["kind"]["enum"] == ["external", "maka", "oracle", "nop"]
     config = subject["properties"]["config"]["properties"]
     assert {"command", "args", "env", "credentialBindings", "resultContract", "profile"} <= set(
         config

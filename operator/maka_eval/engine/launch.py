@@ -84,7 +84,7 @@ def subject_launch(
     `solution_script` where its `solve.sh` will be inside the attempt (the oracle).
     """
     # Imported here: the relay bundle carries this module but never builds a launch.
-    from maka_eval.spec.subjects import ExternalSubject, MakaSubject, OracleSubject
+    from maka_eval.spec.subjects import ExternalSubject, MakaSubject, NopSubject, OracleSubject
 
     if isinstance(subject, ExternalSubject):
         assert program is not None, "an external subject needs its resolved command"
@@ -109,6 +109,12 @@ def subject_launch(
                 *maka.args,
             ),
             contract=ResultContract.PROTOCOL_V1,
+            credentials=credential_targets(subject.credentials, {}),
+        )
+    if isinstance(subject, NopSubject):
+        return SubjectLaunch(
+            argv=("true",),
+            contract=ResultContract.EXIT_CODE,
             credentials=credential_targets(subject.credentials, {}),
         )
     assert isinstance(subject, OracleSubject)

@@ -140,6 +140,8 @@ def _message(error: ErrorDetails, walk: _Walk) -> str:
         if model is None:
             return f"unknown field '{name}'; remove it"
         allowed = _allowed_fields(model)
+        if not allowed:
+            return f"unknown field '{name}'; this object takes no fields: remove it"
         return (
             f"unknown field '{name}'; {_suggest(name, allowed)}remove it or use one of: "
             + ", ".join(allowed)

@@ -85,7 +85,7 @@ CROSS_FIELD_RULES: tuple[CrossFieldRule, ...] = (
     CrossFieldRule(
         "subject-fields-per-kind",
         "A subject has exactly the fields of its kind: external needs config.command, maka "
-        "needs config.profile, oracle takes no config fields (the CRD merges the kinds "
+        "needs config.profile, oracle and nop take no config fields (the CRD merges the kinds "
         "into one object).",
     ),
     CrossFieldRule(

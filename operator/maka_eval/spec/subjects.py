@@ -59,6 +59,10 @@ class OracleSubjectConfig(SpecModel):
     """The oracle runs each task's own `solution/solve.sh` (Harbor's oracle agent)."""
 
 
+class NopSubjectConfig(SpecModel):
+    """The nop subject does nothing (Harbor's nop agent): a task's floor score."""
+
+
 class _SubjectBase(SpecModel):
     id: Id = Field(description="Subject id; unique in the experiment.")
     credentials: tuple[EnvName, ...] = Field(
@@ -91,4 +95,14 @@ class OracleSubject(_SubjectBase):
     config: OracleSubjectConfig = Field(default_factory=OracleSubjectConfig)
 
 
-Subject = Annotated[ExternalSubject | MakaSubject | OracleSubject, Field(discriminator="kind")]
+class NopSubject(_SubjectBase):
+    """Does nothing and exits 0: what the verifier scores is the untouched environment
+    (a valid task scores 0 here and 1 with the oracle)."""
+
+    kind: Literal["nop"]
+    config: NopSubjectConfig = Field(default_factory=NopSubjectConfig)
+
+
+Subject = Annotated[
+    ExternalSubject | MakaSubject | OracleSubject | NopSubject, Field(discriminator="kind")
+]
