@@ -48,6 +48,17 @@ def test_validate_prints_the_expansion():
     assert "prerequisites for the local executor are present" in result.stdout
 
 
+def test_a_cluster_experiment_validates_here_and_is_not_run_here(tmp_path):
+    result = cli("validate", str(EXAMPLE / "experiment.k8s.yaml"))
+    assert result.returncode == 0, result.stderr
+    assert "executor       kubernetes" in result.stdout
+    assert "checked by the operator on the cluster" in result.stdout
+    run = cli("run", str(EXAMPLE / "experiment.k8s.yaml"), "--out", str(tmp_path / "run"))
+    assert run.returncode == 2
+    assert "spec.executor.kind: is 'kubernetes': apply it to a cluster" in run.stderr
+    assert not (tmp_path / "run").exists()
+
+
 def test_validate_reports_every_problem_with_its_path(tmp_path):
     doc = spec(
         subjects=BAD_CREDENTIAL_SUBJECTS,

@@ -99,6 +99,12 @@ def validate(
             out.print(f"  task group {group.id}", highlight=False)
             for member in group.cells:
                 out.print(f"    {member.id}", highlight=False)
+    if loaded.experiment.spec.executor.kind != "local":
+        out.print(
+            "prerequisites (images, the Secrets of declared credentials) are checked by the "
+            "operator on the cluster; apply it with kubectl apply -f"
+        )
+        return
     check_prerequisites(loaded, tasks, os.environ)
     out.print("[green]✓[/green] prerequisites for the local executor are present")
 
