@@ -14,9 +14,11 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -75,6 +77,12 @@ def node_agent(
         agent.stop()
 
 
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
 class Operator:
     """`maka-eval operator` as a process of its own."""
 
@@ -83,12 +91,24 @@ class Operator:
         self.namespace = namespace
         self.log = log
         self.process: subprocess.Popen[bytes] | None = None
+        self.port = free_port()
 
     def start(self) -> Operator:
-        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
+        # --kubeconfig, not $KUBECONFIG: the flag must be what the operator uses.
+        env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
+        env["HOME"] = str(self.log.parent)  # no ~/.kube/config to fall back on
         with self.log.open("ab") as out:
             self.process = subprocess.Popen(
-                [str(MAKA_EVAL), "operator", "--namespace", self.namespace],
+                [
+                    str(MAKA_EVAL),
+                    "operator",
+                    "--namespace",
+                    self.namespace,
+                    "--kubeconfig",
+                    str(self.kubeconfig),
+                    "--metrics-port",
+                    str(self.port),
+                ],
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 env=env,
@@ -197,6 +217,10 @@ def test_a_whole_experiment_runs_and_reports(
     done = re.findall(r"cell\.eval\.maka\.dev/hello-\S+\s+\S+\s+[12]\s+\S+\s+Done\s+1\s", table)
     assert len(done) == 8
     assert len(re.findall(r"\s1\s+Finished\s+(completed|subject_failed)\s", table)) == 8
+
+    metrics = urllib.request.urlopen(f"http://127.0.0.1:{operator.port}/metrics").read().decode()
+    assert re.search(r'maka_eval_api_writes_total\{verb="POST"\} [1-9]', metrics), metrics[-2000:]
+    assert "maka_eval_reconcile_passes_total" in metrics
 
     results = subprocess.run(
         [str(MAKA_EVAL), "results", "--cluster", f"{namespace}/hello", "--format", "json"],

@@ -19,7 +19,6 @@ never talk to a cluster (`maka-eval run`) do not load it.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -27,6 +26,7 @@ from typing import Any, Protocol, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
+from maka_eval import strict_json
 from maka_eval.analysis.source import WriterView
 from maka_eval.contract.fields import ContractError
 from maka_eval.contract.record import RECORD_FORMAT, AttemptRecord
@@ -414,7 +414,7 @@ def _cluster_error(exc: Exception, api: Any, namespace: str, name: str, what: st
 
 def _status_body(body: Any) -> Mapping[str, Any]:
     try:
-        data = json.loads(body) if isinstance(body, str | bytes) else body
+        data = strict_json.loads(body) if isinstance(body, str | bytes) else body
     except ValueError:
         return {}
     return data if isinstance(data, Mapping) else {}

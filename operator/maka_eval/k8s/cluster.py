@@ -8,7 +8,6 @@ harmless); 404 on a read is None.
 
 from __future__ import annotations
 
-import json
 import logging
 import random
 import threading
@@ -21,6 +20,7 @@ from kubernetes import client as k8s_client
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
 
+from maka_eval import strict_json
 from maka_eval.k8s.crds import VERSION
 from maka_eval.spec.experiment import API_GROUP
 
@@ -62,7 +62,7 @@ class Rejected(Exception):
 def _message(text: str) -> str:
     """The Status object's message, or the body itself."""
     try:
-        body = json.loads(text or "{}")
+        body = strict_json.loads(text or "{}")
     except (TypeError, ValueError):
         return text[:500]
     return str(body.get("message") or text)[:2000] if isinstance(body, dict) else text[:500]
@@ -103,7 +103,7 @@ class Cluster:
                 data = response.read()  # type: ignore[no-untyped-call]
                 status = response.status
                 if status < 400:
-                    result: dict[str, Any] = json.loads(data) if data else {}
+                    result: dict[str, Any] = strict_json.loads(data) if data else {}
                     if method != "GET":
                         with self._lock:
                             self.writes[method] += 1

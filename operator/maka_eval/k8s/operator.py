@@ -37,16 +37,50 @@ log = logging.getLogger("maka_eval.operator")
 ERROR_BACKOFF_SEC = (1.0, 2.0, 5.0, 10.0, 30.0)
 
 
-def api_client() -> k8s_client.ApiClient:
-    """A client from the kubeconfig (KUBECONFIG or ~/.kube/config), else in-cluster."""
+def client_configuration() -> k8s_client.Configuration:
+    """The cluster's address and credentials: the kubeconfig named by $KUBECONFIG (read
+    now, not when the client library was imported) or ~/.kube/config, else in-cluster."""
+    configuration = k8s_client.Configuration()
     try:
-        configuration = k8s_client.Configuration()
-        k8s_config.load_kube_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+        k8s_config.load_kube_config(  # type: ignore[no-untyped-call]
+            config_file=os.environ.get("KUBECONFIG") or None,
+            client_configuration=configuration,
+        )
     except (k8s_config.ConfigException, FileNotFoundError, TypeError):
         configuration = k8s_client.Configuration()
-        k8s_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+        k8s_config.load_incluster_config(  # type: ignore[no-untyped-call]
+            client_configuration=configuration
+        )
+    return configuration
+
+
+def api_client() -> k8s_client.ApiClient:
+    """A client for the operator's writes (a pool large enough for parallel creates)."""
+    configuration = client_configuration()
     configuration.connection_pool_maxsize = 32
     return k8s_client.ApiClient(configuration)
+
+
+def connection_info() -> kopf.ConnectionInfo:
+    """kopf's watches use the same address and credentials as the operator's client."""
+    c = client_configuration()
+    header = (c.api_key or {}).get("authorization") or (c.api_key or {}).get("BearerToken")
+    prefix = (c.api_key_prefix or {}).get("authorization")
+    token = header.split(" ", 1)[1] if header and " " in header else header
+    scheme = "Bearer" if token else None
+    if prefix and not (header and " " in header):
+        scheme = prefix
+    return kopf.ConnectionInfo(
+        server=c.host,
+        ca_path=c.ssl_ca_cert,
+        insecure=not c.verify_ssl,
+        certificate_path=c.cert_file,
+        private_key_path=c.key_file,
+        scheme=scheme,
+        token=token,
+        username=c.username or None,
+        password=c.password or None,
+    )
 
 
 @dataclass
@@ -134,9 +168,8 @@ def build_registry(
         return state.get("worker")
 
     @kopf.on.login(registry=registry)
-    def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
-        # The same credentials as the operator's own client: kubeconfig, else in-cluster.
-        return kopf.login_via_client(**kwargs)
+    def login(**_: Any) -> kopf.ConnectionInfo:
+        return connection_info()
 
     @kopf.on.startup(registry=registry)
     async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
