@@ -279,9 +279,48 @@ def test_missing_prerequisites_start_nothing(setup):
     assert not s.run_dir.exists()
 
 
-def test_tasks_needing_a_container_image_are_refused_locally(setup):
-    s = setup(spec(), {"t1": {"files": {"Dockerfile": "FROM debian"}}})
-    with pytest.raises(PrerequisiteError, match="builds a container image"):
+def test_tasks_needing_a_container_image_are_refused_by_the_process_sandbox(setup):
+    process_only = {"kind": "local", "config": {"sandbox": "process"}}
+    s = setup(spec(executor=process_only), {"t1": {"files": {"Dockerfile": "FROM debian"}}})
+    with pytest.raises(PrerequisiteError, match="builds a container image") as info:
+        s.run()
+    assert "executor.config.sandbox is 'process'" in info.value.render()
+    assert not s.run_dir.exists()
+
+
+def test_a_task_needing_an_image_without_an_engine_names_what_was_tried(setup, tmp_path):
+    s = setup(spec(), {"t1": {"toml": '[environment]\ndocker_image = "debian:bookworm-slim"\n'}})
+    host_env = {"PATH": "/usr/bin:/bin", "DOCKER_HOST": f"unix://{tmp_path}/no.sock"}
+    with pytest.raises(PrerequisiteError) as info:
+        s.run(host_env=host_env)
+    text = info.value.render()
+    assert "asks for container image 'debian:bookworm-slim'" in text
+    assert f"no container engine answered (tried unix://{tmp_path}/no.sock: no such socket)" in text
+    assert "hack/podman.sh up" in text
+
+
+def test_the_container_sandbox_refuses_tasks_without_an_image(setup):
+    s = setup(spec(executor={"kind": "local", "config": {"sandbox": "container"}}))
+    with pytest.raises(PrerequisiteError, match="no environment/Dockerfile and no docker_image"):
+        s.run()
+
+
+@pytest.mark.parametrize(
+    ("files", "toml", "message"),
+    [
+        ({"docker-compose.yaml": "services: {}\n"}, None, "multi-container tasks"),
+        ({}, '[environment]\ndocker_image = "x"\nnetwork_mode = "allowlist"\n', "allowlist"),
+        ({}, '[environment]\ndocker_image = "x"\ngpus = 1\n', "no NVIDIA runtime"),
+    ],
+)
+def test_what_the_container_sandbox_cannot_do_is_refused(setup, monkeypatch, files, toml, message):
+    from maka_eval.local import prerequisites
+    from maka_eval.sandbox.container import EngineInfo, EngineProbe
+
+    engine = EngineInfo("unix:///fake.sock", "Podman", "4.3.1", "1.41", gpus=False)
+    monkeypatch.setattr(prerequisites, "engine_info", lambda env: EngineProbe(engine, ()))
+    s = setup(spec(), {"t1": {"files": files, "toml": toml}})
+    with pytest.raises(PrerequisiteError, match=message):
         s.run()
 
 

@@ -14,7 +14,7 @@ from maka_eval.contract.kernel import ResultKernel
 from maka_eval.engine.status import AttemptStatus
 from tests.relay.conftest import sh
 
-LIGHT = ("pydantic", "typer", "rich", "yaml", "click")
+LIGHT = ("pydantic", "typer", "rich", "yaml", "click", "docker", "requests")
 
 
 def relay(plan_path: Path, result: Path) -> subprocess.Popen:
@@ -78,3 +78,28 @@ def test_the_relay_imports_nothing_heavy():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_a_container_plan_survives_json(plan_for):
+    from dataclasses import replace
+
+    import pytest
+
+    from maka_eval.relay.plan import AttemptPlan, ContainerPlan, PlanError
+
+    container = ContainerPlan(
+        engine="unix:///run/maka-eval/podman.sock",
+        image="maka-eval-task/t:0123456789abcdef",
+        build_dir="/tasks/t/environment",
+        workdir="/app",
+        agent_user="agent",
+        cpus=1.5,
+        memory_mb=512,
+        network="no-network",
+        env={"A": "1"},
+        program="/agents/agent.sh",
+    )
+    plan = replace(plan_for(["true"]), isolation="container", container=container)
+    assert AttemptPlan.from_json(plan.to_json()) == plan
+    with pytest.raises(PlanError, match="exactly when isolation is 'container'"):
+        AttemptPlan.from_json(replace(plan, isolation="none").to_json())

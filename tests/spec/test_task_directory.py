@@ -160,3 +160,95 @@ def test_a_multi_step_task_is_refused_naming_steps(tmp_path):
     assert definition is None and len(problems) == 1
     assert problems[0].where == "tasks[0]"
     assert "2 [[steps]]" in problems[0].message and "not supported" in problems[0].message
+
+
+# -- Harbor's task.toml fields ------------------------------------------------------------
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "harbor"
+
+
+def test_the_harbor_fixtures_load_without_warnings():
+    for folder in sorted(FIXTURES.iterdir()):
+        task, problems = load_task(folder.name, folder, "tasks[0]", host_env={})
+        assert not problems and task is not None, problems
+        assert task.warnings == () and task.needs_image
+
+
+def test_every_field_the_container_backend_needs_is_read(tmp_path):
+    make_task(
+        tmp_path,
+        "t",
+        files={"Dockerfile": "FROM debian:bookworm-slim\n"},
+        toml=(
+            '[agent]\ntimeout_sec = 30\nuser = "agent"\n'
+            "[verifier]\nuser = 1001\n"
+            '[verifier.env]\nMODE = "${MODE:-strict}"\n'
+            '[solution.env]\nTOKEN = "${TOKEN}"\n'
+            "[environment]\n"
+            'build_timeout_sec = 99\ncpus = 1.5\nmemory = "1G"\nstorage_mb = 2048\ngpus = 0\n'
+            'workdir = "/srv/app"\nallow_internet = false\n'
+            'env = { URL = "http://${HOST:-localhost}:${PORT}/x", '
+            'EMPTY = "${UNSET_OR_EMPTY:-d}" }\n'
+        ),
+    )
+    env = {"TOKEN": "t0k", "PORT": "8080", "UNSET_OR_EMPTY": ""}
+    task, problems = load_task("t", tmp_path / "t", "tasks[0]", host_env=env)
+    assert not problems and task is not None, problems
+    assert (task.agent_user, task.verifier_user) == ("agent", "1001")
+    assert task.verifier_env == {"MODE": "strict"} and task.solution_env == {"TOKEN": "t0k"}
+    assert task.environment_env == {"URL": "http://localhost:8080/x", "EMPTY": "d"}
+    assert (task.cpus, task.memory_mb, task.storage_mb, task.gpus) == (1.5, 1024, 2048, 0)
+    assert task.build_timeout_sec == 99.0 and task.workdir == "/srv/app"
+    assert task.network_mode == "no-network"  # allow_internet = false, as Harbor maps it
+    assert task.image_build_file == "Dockerfile" and task.needs_image
+    assert task.environment_digest == directory_digest(tmp_path / "t" / "environment")
+
+
+def test_a_missing_template_variable_names_it_and_the_file(tmp_path):
+    make_task(tmp_path, "t", toml='[environment.env]\nKEY = "${NOT_SET_ANYWHERE}"\n')
+    task, problems = load_task("t", tmp_path / "t", "tasks[0]", host_env={})
+    assert task is None and len(problems) == 1
+    text = str(problems[0])
+    assert "NOT_SET_ANYWHERE" in text and str(tmp_path / "t" / "task.toml") in text
+    assert "[environment.env]" in text and "${NOT_SET_ANYWHERE:-value}" in text
+
+
+def test_unknown_and_unhonoured_fields_are_warnings_naming_the_file(tmp_path):
+    make_task(
+        tmp_path,
+        "t",
+        toml=(
+            'schema_version = "1.1"\nartifacts = ["/app/out"]\ncolour = "blue"\n'
+            '[task]\nname = "org/t"\n[metadata]\nanything = 1\n'
+            "[agent]\ntimeout = 5\n"
+            '[verifier]\nenvironment_mode = "shared"\n'
+            '[environment]\nhealthcheck = { command = "true" }\nmcp_servers = []\n'
+        ),
+    )
+    task, problems = load_task("t", tmp_path / "t", "tasks[0]", host_env={})
+    assert not problems and task is not None
+    toml = str(tmp_path / "t" / "task.toml")
+    assert all(w.startswith(toml + ": ") for w in task.warnings)
+    text = "\n".join(task.warnings)
+    assert "unknown field colour" in text and "unknown field [agent] timeout" in text
+    assert "[environment] healthcheck is not honoured" in text
+    assert "artifacts are not collected" in text
+    assert len(task.warnings) == 4  # [task], [metadata], empty or default values: silent
+
+
+@pytest.mark.parametrize(
+    ("toml", "message"),
+    [
+        ('[environment]\nos = "windows"\n', "Linux tasks only"),
+        ('[environment]\nworkdir = "app"\n', "workdir must be an absolute path"),
+        ('[environment]\nnetwork_mode = "open"\n', "network_mode must be one of"),
+        ('[environment]\nmemory = "lots"\n', 'memory must be a size such as "512M"'),
+        ("[environment]\ngpus = -1\n", "gpus must be a whole number"),
+        ("[environment]\nmemory_mb = 1.5\n", "memory_mb must be a positive whole number"),
+        ("[agent]\nuser = true\n", "user must be a user name or a numeric uid"),
+        ('[environment]\ndocker_image = ""\n', "docker_image must be a non-empty string"),
+    ],
+)
+def test_bad_harbor_values_are_problems(tmp_path, toml, message):
+    make_task(tmp_path, "t", toml=toml)
+    task, problems = load_task("t", tmp_path / "t", "tasks[0]", host_env={})
+    assert task is None and message in "\n".join(map(str, problems))

@@ -96,6 +96,12 @@ class RunDirectorySource:
     def experiment_document(self) -> Mapping[str, Any]:
         return self._contents.experiment
 
+    @property
+    def document(self) -> Mapping[str, Any]:
+        """The whole run document (experiment.json): the experiment and the identity
+        around it (task digests, the maka-eval version, when the run was created)."""
+        return self._contents.document
+
     def records(self) -> Mapping[str, Sequence[AttemptRecord]]:
         return self._contents.records
 

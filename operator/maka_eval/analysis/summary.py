@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,8 @@ class CellRow:
     interrupted: int
     selected: AttemptRecord | None
     last: AttemptRecord | None
+    records: tuple[AttemptRecord, ...] = ()
+    """Every valid attempt record of the cell, in attempt order."""
 
 
 @dataclass(frozen=True)
@@ -85,7 +88,6 @@ class RunSummary:
     experiment: Experiment
     expansion: Expansion
     cells: tuple[CellRow, ...]
-    subjects: tuple[SubjectSummary, ...]
     budget: BudgetState
     """The shared budget: what EVERY attempt spent (failed, retried, cancelled ones
     too), unlike the per-subject totals, which count selected attempts only."""
@@ -97,6 +99,11 @@ class RunSummary:
     """Records left out because they cannot be trusted (each names its file)."""
     has_writer_lock: bool = True
     """False where the store has no writer lock (a cluster: the operator writes)."""
+
+    @cached_property
+    def subjects(self) -> tuple[SubjectSummary, ...]:
+        """Per-subject summaries, computed when first asked for (`report` never asks)."""
+        return tuple(_subject_summaries(self.expansion, self.cells))
 
     @property
     def results(self) -> tuple[CellRow, ...]:
@@ -176,6 +183,7 @@ def summarize_source(source: AttemptSource) -> RunSummary:
                 interrupted=len(interrupted.get(cell.id, ())),
                 selected=select_result(attempts),
                 last=attempts[-1] if attempts else None,
+                records=tuple(attempts),
             )
         )
     every = [r for cell_records in records.values() for r in cell_records]
@@ -187,7 +195,6 @@ def summarize_source(source: AttemptSource) -> RunSummary:
         experiment=experiment,
         expansion=expansion,
         cells=tuple(rows),
-        subjects=tuple(_subject_summaries(expansion, rows)),
         budget=budget_state(budget.max_cost_usd, budget.max_tokens, (r.spending() for r in every)),
         lock=writer.state if writer else LockState.FREE,
         lock_info=writer.info if writer else None,

@@ -78,6 +78,11 @@ def _load(experiment: Path) -> tuple[LoadedExperiment, dict[str, TaskDefinition]
     loaded = load_experiment_file(experiment)
     prefix = "spec." if loaded.form == "kubernetes" else ""
     tasks = load_tasks(loaded.experiment, loaded.base_dir, prefix)
+    for task in tasks.values():
+        for warning in task.warnings:
+            err.print(
+                f"[yellow]warning:[/yellow] {escape(warning)}", highlight=False, soft_wrap=True
+            )
     return loaded, tasks
 
 
@@ -105,8 +110,16 @@ def validate(
             "operator on the cluster; apply it with kubectl apply -f"
         )
         return
-    check_prerequisites(loaded, tasks, os.environ)
+    commands = check_prerequisites(loaded, tasks, os.environ)
     out.print("[green]✓[/green] prerequisites for the local executor are present")
+    out.print(f"  container engine: {commands.engine_search}", highlight=False, markup=False)
+    if commands.containers:
+        out.print(
+            f"  {len(commands.containers)} of {len(tasks)} task(s) run in their container "
+            "image: " + ", ".join(sorted(commands.containers)),
+            highlight=False,
+            markup=False,
+        )
 
 
 @app.command()
@@ -287,6 +300,12 @@ def results(
         sys.stdout.write(render.results_csv(summary))
     else:
         out.print(render.results_table(summary, bar=_wide()))
+
+
+# `report`: the full analysis; its module imports this one's helpers only when it runs.
+from maka_eval.cli import report as report_cli  # noqa: E402
+
+app.command(name="report")(report_cli.report_command)
 
 
 class LogFormat(enum.StrEnum):

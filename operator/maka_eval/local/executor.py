@@ -56,6 +56,7 @@ from maka_eval.local.plans import attempt_plan
 from maka_eval.local.prerequisites import ResolvedCommands, check_prerequisites, work_root_path
 from maka_eval.relay.attempt import run_attempt
 from maka_eval.relay.processes import CancelToken, ProcessSupervisor
+from maka_eval.sandbox.container import remove_leftovers
 from maka_eval.spec.load import LoadedExperiment
 from maka_eval.spec.task_directory import TaskDefinition, benchmark_root
 from maka_eval.store.run_store import RunIdentity, RunWriter
@@ -195,6 +196,9 @@ class LocalRun:
             # We hold the writer lock: whatever is here is left from a writer that died.
             shutil.rmtree(self._work, ignore_errors=True)
             self._work.mkdir(parents=True)
+            engine = self._commands.engine
+            if self._commands.containers and engine is not None:
+                remove_leftovers(engine.url, writer.run_id)
             spending = [r.spending() for rs in writer.contents.records.values() for r in rs]
             budget = self.experiment.spec.budget
             self._report.budget = budget_state(budget.max_cost_usd, budget.max_tokens, spending)

@@ -7,8 +7,10 @@ from pathlib import Path
 from maka_eval.engine.expand import Cell
 from maka_eval.engine.launch import SOLUTION_DIR_NAME, subject_launch
 from maka_eval.local.prerequisites import ResolvedCommands
-from maka_eval.relay.plan import AttemptPlan
+from maka_eval.relay.plan import AttemptPlan, ContainerPlan
+from maka_eval.sandbox.container import build_tag
 from maka_eval.spec.experiment import Experiment
+from maka_eval.spec.subjects import ExternalSubject, MakaSubject, Subject
 from maka_eval.spec.task_directory import TaskDefinition
 
 
@@ -29,14 +31,30 @@ def attempt_plan(
     subject = experiment.subject(cell.subject_id)
     defaults = spec.execution.default_timeouts
     host = spec.executor.config.runtime_host
+    in_container = task.id in commands.containers
     program = commands.subjects.get(subject.id)
+    named = _named_command(subject, host.command if host is not None else None)
+    upload: str | None = None
+    if in_container and named is not None:
+        # A command named by a path is a file of this machine, uploaded to /maka/bin/;
+        # one named without a path is the image's (its PATH finds it).
+        if "/" in named and program is not None:
+            upload = str(program)
+        else:
+            program = None
+    argv0 = str(program) if program is not None else named
     launch = subject_launch(
         subject,
-        program=str(program) if program is not None else None,
+        program=argv0,
         runtime_host_args=host.args if host is not None else (),
         solution_dir=str(task.solution_dir) if task.solution_dir else None,
         solution_script=str(attempt_root / SOLUTION_DIR_NAME / "solve.sh"),
         solution_env=task.solution_env,
+    )
+    container = (
+        _container_plan(task, commands, upload)
+        if in_container and commands.engine is not None
+        else None
     )
     return AttemptPlan(
         attempt_id=attempt_id,
@@ -49,7 +67,13 @@ def attempt_plan(
         artifacts_dir=str(artifacts_dir),
         instruction_file=str(task.instruction_file),
         tests_dir=str(task.tests_dir),
-        environment_dir=str(task.environment_dir) if task.environment_dir else None,
+        # In a container the image is the environment; environment/ files are uploaded
+        # into the workdir only when no Dockerfile built them in (as Harbor does).
+        environment_dir=(
+            str(task.environment_dir)
+            if task.environment_dir and not (container and task.image_build_file)
+            else None
+        ),
         subject=launch,
         agent_timeout_sec=task.agent_timeout_sec or defaults.agent_sec,
         verifier_timeout_sec=task.verifier_timeout_sec or defaults.verifier_sec,
@@ -57,8 +81,47 @@ def attempt_plan(
         score_key=spec.verifier.config.score_key,
         redact=tuple(dict.fromkeys(c for s in spec.subjects for c in s.credentials)),
         output_limit_bytes=spec.execution.max_output_bytes,
-        isolation=commands.isolation,
+        isolation="container" if container is not None else commands.isolation,
         hidden=hidden,
         # The subject's own program stays visible, wherever it lives.
         visible=(str(Path(launch.argv[0]).parent),) if "/" in launch.argv[0] else (),
+        container=container,
+    )
+
+
+def _named_command(subject: Subject, runtime_host: str | None) -> str | None:
+    """The command the spec names for the subject's program (None: the oracle, nop)."""
+    if isinstance(subject, ExternalSubject):
+        return subject.config.command
+    if isinstance(subject, MakaSubject):
+        return runtime_host
+    return None
+
+
+def _container_plan(
+    task: TaskDefinition, commands: ResolvedCommands, program: str | None
+) -> ContainerPlan:
+    """How the task's container is made: its image, and task.toml's settings."""
+    assert commands.engine is not None
+    if task.docker_image is not None:
+        image, build_dir = task.docker_image, None
+    else:
+        assert task.environment_dir is not None and task.environment_digest is not None
+        image = build_tag(task.id, task.environment_digest)
+        build_dir = str(task.environment_dir)
+    return ContainerPlan(
+        engine=commands.engine.url,
+        image=image,
+        build_dir=build_dir,
+        build_timeout_sec=task.build_timeout_sec,
+        workdir=task.workdir,
+        agent_user=task.agent_user,
+        verifier_user=task.verifier_user,
+        cpus=task.cpus,
+        memory_mb=task.memory_mb,
+        storage_mb=task.storage_mb,
+        gpus=task.gpus,
+        network=task.network_mode,
+        env=dict(task.environment_env),
+        program=program,
     )

@@ -14,11 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from maka_eval.errors import PrerequisiteError, Problem
+from maka_eval.sandbox.container import EngineInfo, engine_info
 from maka_eval.sandbox.process import namespaces_unavailable
-from maka_eval.spec.experiment import Experiment, LocalExecutor
+from maka_eval.spec.experiment import Experiment, LocalExecutor, Task
 from maka_eval.spec.load import LoadedExperiment
 from maka_eval.spec.subjects import ExternalSubject, MakaSubject, OracleSubject
-from maka_eval.spec.task_directory import TaskDefinition
+from maka_eval.spec.task_directory import COMPOSE_FILES, TaskDefinition
 
 WORK_DIR_VARIABLE = "MAKA_EVAL_WORK_DIR"
 
@@ -60,7 +61,14 @@ class ResolvedCommands:
     subjects: Mapping[str, Path]
     runtime_host: Path | None
     isolation: str = "none"
-    """'namespaces' or 'none': `executor.config.isolation` resolved on this machine."""
+    """'namespaces' or 'none': `executor.config.isolation` resolved on this machine, for
+    the tasks that run as processes."""
+    containers: frozenset[str] = frozenset()
+    """Ids of the tasks that run in their container image (the container sandbox)."""
+    engine: EngineInfo | None = None
+    """The container engine found (whether or not any task needs it)."""
+    engine_search: str = ""
+    """What the engine search found or tried, for `validate` to say."""
 
 
 def resolve_isolation(asked: str) -> str:
@@ -97,12 +105,19 @@ def check_prerequisites(
     path_env = host_env.get("PATH")
     problems: list[Problem] = []
     commands: dict[str, Path] = {}
+    probe = engine_info(host_env)
+    containers = _task_sandboxes(
+        spec.tasks, tasks, executor.config.sandbox, probe.engine, probe.why_none(), prefix, problems
+    )
+    # A command named without a path runs from the image's PATH in a container: this
+    # machine needs it only when some task runs here as processes.
+    host_needed = any(task.id not in containers for task in spec.tasks)
 
     host_path: Path | None = None
     host = executor.config.runtime_host
     if host is not None:
         host_path = resolve_command(host.command, base, path_env)
-        if host_path is None:
+        if host_path is None and (host_needed or "/" in host.command):
             problems.append(
                 _command_problem(host.command, f"{prefix}executor.config.runtimeHost.command", base)
             )
@@ -119,13 +134,12 @@ def check_prerequisites(
                     )
                 )
         if isinstance(subject, ExternalSubject):
-            resolved = resolve_command(subject.config.command, base, path_env)
-            if resolved is None:
-                problems.append(
-                    _command_problem(subject.config.command, f"{where}.config.command", base)
-                )
-            else:
+            command = subject.config.command
+            resolved = resolve_command(command, base, path_env)
+            if resolved is not None:
                 commands[subject.id] = resolved
+            elif host_needed or "/" in command:
+                problems.append(_command_problem(command, f"{where}.config.command", base))
         elif isinstance(subject, MakaSubject) and host_path is not None:
             commands[subject.id] = host_path
         elif isinstance(subject, OracleSubject):
@@ -139,28 +153,6 @@ def check_prerequisites(
                             f"'{subject.id}' (the oracle) runs it",
                         )
                     )
-
-    for t, task in enumerate(spec.tasks):
-        definition = tasks.get(task.id)
-        if definition is None:
-            continue
-        if definition.image_build_file:
-            problems.append(
-                Problem(
-                    f"{prefix}tasks[{t}]",
-                    f"{definition.root}/environment/{definition.image_build_file} builds a "
-                    "container image; the local executor runs tasks directly on this machine "
-                    "and cannot provide it (run it on a cluster)",
-                )
-            )
-        elif definition.docker_image:
-            problems.append(
-                Problem(
-                    f"{prefix}tasks[{t}]",
-                    f"task.toml asks for container image '{definition.docker_image}'; the "
-                    "local executor runs tasks directly on this machine and cannot provide it",
-                )
-            )
 
     if executor.config.isolation == "namespaces":
         why = namespaces_unavailable()
@@ -183,4 +175,91 @@ def check_prerequisites(
         raise PrerequisiteError(
             f"{len(problems)} prerequisite(s) missing; nothing was started:", problems
         )
-    return ResolvedCommands(commands, host_path, resolve_isolation(executor.config.isolation))
+    return ResolvedCommands(
+        commands,
+        host_path,
+        resolve_isolation(executor.config.isolation),
+        containers=frozenset(containers),
+        engine=probe.engine,
+        engine_search=probe.engine.describe() if probe.engine else probe.why_none(),
+    )
+
+
+def _task_sandboxes(
+    spec_tasks: tuple[Task, ...],
+    tasks: Mapping[str, TaskDefinition],
+    asked: str,
+    engine: EngineInfo | None,
+    no_engine: str,
+    prefix: str,
+    problems: list[Problem],
+) -> set[str]:
+    """The ids of the tasks that run in a container; what stops the others is added to
+    `problems`."""
+    containers: set[str] = set()
+    for t, task in enumerate(spec_tasks):
+        definition = tasks.get(task.id)
+        if definition is None:
+            continue
+        where = f"{prefix}tasks[{t}]"
+        what = (
+            f"{definition.root}/environment/{definition.image_build_file} builds a container image"
+            if definition.image_build_file
+            else f"task.toml asks for container image '{definition.docker_image}'"
+        )
+        if not definition.needs_image:
+            if asked == "container":
+                problems.append(
+                    Problem(
+                        where,
+                        f"{definition.root} has no environment/Dockerfile and no docker_image, "
+                        "but executor.config.sandbox is 'container'; set it to auto to run "
+                        "such tasks as processes",
+                    )
+                )
+            continue
+        if definition.image_build_file in COMPOSE_FILES:
+            problems.append(
+                Problem(
+                    where,
+                    f"{what}: multi-container tasks (docker compose) are not supported by "
+                    "maka-eval's container sandbox yet; run this task with Harbor itself, or "
+                    "leave it out of the experiment",
+                )
+            )
+        elif asked == "process":
+            problems.append(
+                Problem(
+                    where,
+                    f"{what}, but executor.config.sandbox is 'process', which runs tasks "
+                    "directly on this machine; set it to auto or container",
+                )
+            )
+        elif engine is None:
+            problems.append(
+                Problem(
+                    where,
+                    f"{what}, which needs Docker or Podman, but {no_engine}; start one "
+                    "(hack/podman.sh up) or point DOCKER_HOST at it",
+                )
+            )
+        elif definition.gpus and not engine.gpus:
+            problems.append(
+                Problem(
+                    where,
+                    f"task.toml asks for gpus = {definition.gpus}, but {engine.describe()} has "
+                    "no NVIDIA runtime; run it on a machine with GPUs, or leave it out",
+                )
+            )
+        elif definition.network_mode == "allowlist":
+            problems.append(
+                Problem(
+                    where,
+                    "task.toml asks for network_mode = 'allowlist', which maka-eval's "
+                    "container sandbox cannot enforce yet; nothing runs with a network policy "
+                    "it cannot keep",
+                )
+            )
+        else:
+            containers.add(task.id)
+    return containers

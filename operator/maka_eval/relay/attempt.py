@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import os
 import shutil
 import stat
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,7 +43,7 @@ from maka_eval.relay.output import DiskFull, OutputCapture
 from maka_eval.relay.plan import AttemptPlan
 from maka_eval.relay.processes import CancelToken, ProcessSupervisor, WaitEnd
 from maka_eval.relay.verifier import read_reward
-from maka_eval.sandbox.base import Isolation, Layout, Phase
+from maka_eval.sandbox.base import Isolation, Layout, Phase, Sandbox
 from maka_eval.sandbox.process import interpreted, make_sandbox
 
 LOW_DISK_BYTES = 1 << 20
@@ -176,36 +177,58 @@ class _Attempt:
         self.disk_full: str | None = None
         self.notes: list[str] = []
         self._reward_read: tuple[str, tuple[int, int, int, int] | None] | None = None
-        layout = self.layout
-        self.sandbox = make_sandbox(
-            Isolation(plan.isolation),
-            supervisor,
-            plan.attempt_id,
-            Layout(
-                workspace=str(layout.workspace),
-                home=str(layout.home),
-                tmp=str(layout.tmp),
-                frame_dir=(
-                    str(layout.frame_dir)
-                    if plan.subject.contract is ResultContract.PROTOCOL_V1
-                    else None
-                ),
-                instruction=str(layout.instruction),
-                agent_logs=str(layout.agent_logs),
-                tests=str(layout.tests),
-                verifier_logs=str(layout.verifier_logs),
-                subject_dirs={
-                    str(layout.root / name): f"/{name}" for name in plan.subject.extra_dirs
-                },
-                hidden=plan.hidden,
-                visible=plan.visible,
-            ),
-        )
+        self.sandbox = self._make_sandbox()
         # Every credential of the experiment, whichever subject declared it: a subject
         # that got hold of another's value must not carry it out of the attempt.
         self.redactor = Redactor.of(
             {name: host_env[name] for name in plan.redact if host_env.get(name)}
         )
+
+    def _make_sandbox(self) -> Sandbox:
+        plan, layout = self.plan, self.layout
+        sandbox_layout = Layout(
+            workspace=str(layout.workspace),
+            home=str(layout.home),
+            tmp=str(layout.tmp),
+            frame_dir=(
+                str(layout.frame_dir)
+                if plan.subject.contract is ResultContract.PROTOCOL_V1
+                else None
+            ),
+            instruction=str(layout.instruction),
+            agent_logs=str(layout.agent_logs),
+            tests=str(layout.tests),
+            verifier_logs=str(layout.verifier_logs),
+            subject_dirs={str(layout.root / name): f"/{name}" for name in plan.subject.extra_dirs},
+            hidden=plan.hidden,
+            visible=plan.visible,
+        )
+        if plan.container is not None:
+            # Imported here: the relay bundle in a pod never runs containers.
+            from maka_eval.sandbox.container import ContainerSandbox
+
+            return ContainerSandbox(
+                self.supervisor,
+                plan.attempt_id,
+                sandbox_layout,
+                plan.container,
+                task_id=plan.task_id,
+                labels={"cell-id": plan.cell_id, "run-id": plan.run_id},
+            )
+        return make_sandbox(
+            Isolation(plan.isolation), self.supervisor, plan.attempt_id, sandbox_layout
+        )
+
+    def _inside(self, phase: Phase, path: Path | str) -> str:
+        """Where `phase` sees a host path of the attempt (the same path, but in a
+        container: Harbor's)."""
+        return self.sandbox.path_of(phase, str(path))
+
+    def _argv(self, phase: Phase, argv: Sequence[str]) -> list[str]:
+        """The program as `phase` starts it: a script without `#!` through bash, paths
+        of the attempt as the sandbox shows them."""
+        shell = "bash" if self.sandbox.isolation is Isolation.CONTAINER else None
+        return [self._inside(phase, arg) for arg in interpreted(argv, shell)]
 
     # -- phases ---------------------------------------------------------------------
     def pass_gate(self) -> None:
@@ -245,19 +268,20 @@ class _Attempt:
 
     def _attempt_vars(self) -> dict[str, str]:
         plan, layout = self.plan, self.layout
+        inside = functools.partial(self._inside, Phase.SUBJECT)
         values = {
             RUN_MARKER: plan.run_id,
             "MAKA_EVAL_CELL_ID": plan.cell_id,
             "MAKA_EVAL_TASK_ID": plan.task_id,
             "MAKA_EVAL_REPETITION": str(plan.repetition),
             "MAKA_EVAL_SUBJECT_ID": plan.subject_id,
-            "MAKA_EVAL_WORKSPACE": str(layout.workspace),
-            "MAKA_EVAL_INSTRUCTION_FILE": str(layout.instruction),
+            "MAKA_EVAL_WORKSPACE": inside(layout.workspace),
+            "MAKA_EVAL_INSTRUCTION_FILE": inside(layout.instruction),
         }
         if plan.subject.contract is ResultContract.PROTOCOL_V1:
-            values["MAKA_EVAL_RESULT_FILE"] = str(layout.frame_dir / "result.json")
+            values["MAKA_EVAL_RESULT_FILE"] = inside(layout.frame_dir / "result.json")
         for name in plan.subject.extra_dirs:
-            values[f"MAKA_EVAL_{name.upper()}_DIR"] = str(layout.root / name)
+            values[f"MAKA_EVAL_{name.upper()}_DIR"] = inside(layout.root / name)
         return values
 
     def run_subject(self) -> Execution:
@@ -271,8 +295,8 @@ class _Attempt:
         try:
             proc = self.sandbox.spawn(
                 Phase.SUBJECT,
-                interpreted(plan.subject.argv),
-                cwd=str(layout.workspace),
+                self._argv(Phase.SUBJECT, plan.subject.argv),
+                cwd=self._inside(Phase.SUBJECT, layout.workspace),
                 env=env,
                 stdout=out.child_fd,
                 stderr=err.child_fd,
@@ -316,12 +340,13 @@ class _Attempt:
         self._fresh_verifier_logs()
         script = layout.tests / "test.sh"
         _make_executable(script)
+        inside = functools.partial(self._inside, Phase.VERIFIER)
         env = dict(plan.verifier_env)
         env.update(
             {
-                "MAKA_EVAL_WORKSPACE": str(layout.workspace),
-                "MAKA_EVAL_TESTS_DIR": str(layout.tests),
-                "MAKA_EVAL_VERIFIER_LOGS_DIR": str(layout.verifier_logs),
+                "MAKA_EVAL_WORKSPACE": inside(layout.workspace),
+                "MAKA_EVAL_TESTS_DIR": inside(layout.tests),
+                "MAKA_EVAL_VERIFIER_LOGS_DIR": inside(layout.verifier_logs),
                 "MAKA_EVAL_TASK_ID": plan.task_id,
             }
         )
@@ -330,8 +355,8 @@ class _Attempt:
         try:
             proc = self.sandbox.spawn(
                 Phase.VERIFIER,
-                interpreted([str(script)]),
-                cwd=str(layout.workspace),
+                self._argv(Phase.VERIFIER, [str(script)]),
+                cwd=inside(layout.workspace),
                 env=env,
                 stdout=out.child_fd,
                 stderr=err.child_fd,
@@ -398,6 +423,7 @@ class _Attempt:
             self.sandbox.stop()
             self._check_reward_unchanged()
         finally:
+            self.notes.extend(n for n in self.sandbox.notes if n not in self.notes)
             for capture in self.captures.values():
                 try:
                     capture.finish()

@@ -24,6 +24,35 @@ class PlanError(ValueError):
 
 
 @dataclass(frozen=True)
+class ContainerPlan:
+    """How to run an attempt in the task's container image (the container sandbox)."""
+
+    engine: str
+    """Docker Engine API url (DOCKER_HOST form: unix:///run/docker.sock, tcp://h:2375)."""
+    image: str
+    """The image to run: task.toml's docker_image, or the tag an environment/Dockerfile
+    is built under (maka-eval-task/<task>:<environment digest>)."""
+    build_dir: str | None = None
+    """environment/ folder to build `image` from when it is not in the engine yet."""
+    build_timeout_sec: float = 600.0
+    workdir: str | None = None
+    """task.toml's workdir; else the image's WORKDIR; else /app (created)."""
+    agent_user: str | None = None
+    verifier_user: str | None = None
+    cpus: float | None = None
+    memory_mb: int | None = None
+    storage_mb: int | None = None
+    gpus: int = 0
+    network: str = "public"
+    """Harbor's network_mode: 'public' (the engine's default network) or 'no-network'."""
+    env: Mapping[str, str] = field(default_factory=dict)
+    """task.toml's [environment] env: set in the container for every process."""
+    program: str | None = None
+    """Host file of the subject's program, uploaded to /maka/bin/ (a subject named by a
+    path); a program named without a path is looked up on the image's PATH."""
+
+
+@dataclass(frozen=True)
 class AttemptPlan:
     """Everything the relay needs to run one attempt of one cell."""
 
@@ -52,7 +81,8 @@ class AttemptPlan:
     whichever subject it came from."""
     output_limit_bytes: int = DEFAULT_OUTPUT_LIMIT
     isolation: str = "none"
-    """'namespaces' (own PID, mount, IPC, UTS, network namespaces) or 'none'."""
+    """'namespaces' (own PID, mount, IPC, UTS, network namespaces), 'container' (the
+    task's image, see `container`), 'none', or 'auto' (a pod: the relay decides)."""
     hidden: tuple[str, ...] = ()
     """Host folders the sandbox hides (the run folder, all workspaces, the tasks)."""
     visible: tuple[str, ...] = ()
@@ -61,6 +91,8 @@ class AttemptPlan:
     """Read the task's own settings (task.toml timeouts and environments, environment/
     folder) from this task directory when the relay starts: in a Pod the operator cannot
     see the task, only the relay can. The plan's timeouts are then the defaults."""
+    container: ContainerPlan | None = None
+    """Set when isolation is 'container'."""
 
     def to_json(self) -> str:
         """Serialize for the relay program (`python -m maka_eval.relay`)."""
@@ -83,8 +115,10 @@ class AttemptPlan:
                 contract=ResultContract(subject.pop("contract")),
                 **subject,
             )
+            container = data.pop("container", None)
             plan = cls(
                 subject=launch,
+                container=ContainerPlan(**container) if container is not None else None,
                 redact=tuple(data.pop("redact", ())),
                 hidden=tuple(data.pop("hidden", ())),
                 visible=tuple(data.pop("visible", ())),
@@ -94,6 +128,10 @@ class AttemptPlan:
             raise PlanError(f"the relay plan is malformed: {exc}") from None
         if not plan.subject.argv:
             raise PlanError("the relay plan has an empty subject.argv")
+        if (plan.isolation == "container") != (plan.container is not None):
+            raise PlanError(
+                "the relay plan needs 'container' exactly when isolation is 'container'"
+            )
         return plan
 
 

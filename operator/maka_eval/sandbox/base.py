@@ -25,6 +25,10 @@ class Isolation(StrEnum):
     NAMESPACES = "namespaces"
     """Own PID, mount, IPC, UTS and network namespaces: the run folder, other cells,
     the task's tests and solution and the executor's processes are out of sight."""
+    CONTAINER = "container"
+    """The task's own container image, through a Docker Engine API (Docker or Podman):
+    its own PID, mount, IPC, UTS and network namespaces, and only the files the image and
+    the relay put there; the verifier's folders are made private to the verifier."""
     NONE = "none"
     """Plain processes of this machine: nothing is hidden (recorded as such)."""
 
@@ -65,6 +69,9 @@ class Sandbox(Protocol):
     """Runs one attempt's processes; the relay owns everything else."""
 
     isolation: Isolation
+    notes: list[str]
+    """What the sandbox saw that the record should say (suspected tampering, a limit the
+    engine could not enforce); read by the relay when the attempt is over."""
 
     def start(self) -> None:
         """Make the sandbox (before the subject, after the workspace is prepared)."""

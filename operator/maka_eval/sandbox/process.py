@@ -57,6 +57,7 @@ class _Supervised:
         self.supervisor = supervisor
         self.attempt_id = attempt_id
         self.layout = layout
+        self.notes: list[str] = []
 
     def wait(
         self,
@@ -404,9 +405,14 @@ def make_sandbox(
     return PlainProcesses(supervisor, attempt_id, layout)
 
 
-def interpreted(argv: Sequence[str]) -> list[str]:
-    """A script without a `#!` line runs with bash, as in Harbor (not with /bin/sh)."""
-    if not argv:
+def interpreted(argv: Sequence[str], shell: str | None = None) -> list[str]:
+    """A script without a `#!` line runs with bash, as in Harbor (not with /bin/sh).
+
+    `argv[0]` is read on this machine; `shell` is the bash to name (default: this
+    machine's; a container backend names the image's, `bash`). A program named without
+    a path is left to the PATH of wherever it runs.
+    """
+    if not argv or "/" not in argv[0]:
         return list(argv)
     try:
         with open(argv[0], "rb") as handle:
@@ -415,7 +421,7 @@ def interpreted(argv: Sequence[str]) -> list[str]:
         return list(argv)
     if head.startswith(b"#!") or head == b"\x7fELF":
         return list(argv)
-    bash = shutil.which("bash") or "/bin/bash"
+    bash = shell or shutil.which("bash") or "/bin/bash"
     return [bash, *argv]
 
 

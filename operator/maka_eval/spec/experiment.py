@@ -84,7 +84,20 @@ class LocalExecutorConfig(SpecModel):
             "bubblewrap): the run folder, other workspaces, the tasks' tests and solutions "
             "and the executor's processes are out of sight, and the network is the cell's "
             "own loopback only. 'none': plain processes (nothing hidden; recorded). "
-            "'auto': namespaces where this machine can make them, else none."
+            "'auto': namespaces where this machine can make them, else none. Applies "
+            "to tasks run as processes (sandbox)."
+        ),
+    )
+    sandbox: Literal["auto", "process", "container"] = Field(
+        default="auto",
+        description=(
+            "Where each task runs. 'container': in the task's image (environment/"
+            "Dockerfile or task.toml docker_image) through a Docker Engine API (Docker or "
+            "Podman), with Harbor's paths (/tests, /solution, /logs/verifier, the workdir); "
+            "tasks without an image are refused. "
+            "'process': as processes of this machine (tasks with an image are refused). "
+            "'auto': a container for tasks that ship an image, when an engine answers; "
+            "processes for the others."
         ),
     )
 

@@ -1,15 +1,19 @@
 """Harbor-format task directories: what a task is made of, read from disk.
 
 A task directory holds `instruction.md`, an optional `task.toml`, an optional
-`environment/` (files placed in the workspace), `tests/test.sh` (the verifier) and an
-optional `solution/solve.sh` (for the oracle). Keys of task.toml this executor does not
-use are ignored, as Harbor ignores them.
+`environment/` (a Dockerfile building the task's image, or files placed in the
+workspace), `tests/test.sh` (the verifier) and an optional `solution/solve.sh` (for the
+oracle). Every task.toml field Harbor honours is read here; a field Harbor knows that
+maka-eval does not honour, and a field nobody knows, is a warning naming it and the file
+(Harbor itself ignores unknown fields silently, which hides typos).
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 import os
+import re
 import stat
 import tomllib
 from collections.abc import Mapping
@@ -21,6 +25,9 @@ from maka_eval.errors import Problem, TaskError
 from maka_eval.spec.experiment import Experiment
 
 IMAGE_BUILD_FILES = ("Dockerfile", "docker-compose.yaml", "docker-compose.yml", "compose.yaml")
+COMPOSE_FILES = IMAGE_BUILD_FILES[1:]
+DEFAULT_BUILD_TIMEOUT_SEC = 600.0
+NETWORK_MODES = ("public", "no-network", "allowlist")
 
 
 @dataclass(frozen=True)
@@ -40,6 +47,30 @@ class TaskDefinition:
     docker_image: str | None = None
     image_build_file: str | None = None
     digest: str = ""
+    environment_digest: str | None = None
+    """Digest of the environment/ folder: names the image built from its Dockerfile."""
+    agent_user: str | None = None
+    """`[agent] user`: who the subject runs as in the task's container (image default)."""
+    verifier_user: str | None = None
+    """`[verifier] user`: who tests/test.sh runs as in the task's container."""
+    environment_env: Mapping[str, str] = field(default_factory=dict)
+    """`[environment] env`, templates filled: set in the task's container for everyone."""
+    cpus: float | None = None
+    memory_mb: int | None = None
+    storage_mb: int | None = None
+    gpus: int = 0
+    build_timeout_sec: float = DEFAULT_BUILD_TIMEOUT_SEC
+    workdir: str | None = None
+    network_mode: str = "public"
+    """Harbor's `public` (the default), `no-network` (also `allow_internet = false`) or
+    `allowlist`."""
+    warnings: tuple[str, ...] = ()
+    """Fields of task.toml that are unknown or not honoured, each naming the file."""
+
+    @property
+    def needs_image(self) -> bool:
+        """Whether the task runs in a container image (a Dockerfile or `docker_image`)."""
+        return self.image_build_file is not None or self.docker_image is not None
 
 
 def directory_digest(root: Path) -> str:
@@ -97,26 +128,242 @@ def _digest_folder(
         _digest_folder(digest, folder / name, f"{prefix}{name}/", ancestors | {key})
 
 
-def _timeout(table: Any, where: str, problems: list[Problem]) -> float | None:
-    if not isinstance(table, Mapping) or "timeout_sec" not in table:
-        return None
-    value = table["timeout_sec"]
-    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-        problems.append(Problem(where, f"timeout_sec must be a positive number, got {value!r}"))
-        return None
-    return float(value)
+_TEMPLATE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
 
-def _env(table: Any, where: str, problems: list[Problem]) -> dict[str, str]:
-    if not isinstance(table, Mapping):
-        return {}
-    env = table.get("env", {})
-    if not isinstance(env, Mapping) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in env.items()
-    ):
-        problems.append(Problem(where, "env must be a table of string values"))
-        return {}
-    return dict(env)
+def fill_templates(value: str, host_env: Mapping[str, str]) -> tuple[str, list[str]]:
+    """`${VAR}` and `${VAR:-default}` filled from `host_env`, as Harbor does; the names
+    of the variables that are unset and have no default."""
+    missing: list[str] = []
+
+    def substitute(match: re.Match[str]) -> str:
+        name, default = match.group(1), match.group(2)
+        found = host_env.get(name)
+        if default is not None:
+            return found or default  # shell semantics: unset or empty takes the default
+        if found is None:
+            missing.append(name)
+            return ""
+        return found
+
+    return _TEMPLATE.sub(substitute, value), missing
+
+
+# task.toml, as Harbor 0.26 reads it (models/task/config.py). Per table: the fields
+# maka-eval honours, and the fields Harbor knows that maka-eval does not honour (a
+# warning when they hold a value). [task] and [metadata] are descriptive: never warned.
+_HONOURED: dict[str, frozenset[str]] = {
+    "": frozenset(
+        {"schema_version", "version", "source", "task", "metadata", "agent", "verifier"}
+        | {"solution", "environment", "steps", "artifacts", "multi_step_reward_strategy"}
+    ),
+    "agent": frozenset({"timeout_sec", "user"}),
+    "verifier": frozenset({"timeout_sec", "env", "user"}),
+    "solution": frozenset({"env"}),
+    "environment": frozenset(
+        {"build_timeout_sec", "docker_image", "os", "cpus", "memory_mb", "storage_mb", "gpus"}
+        | {"env", "workdir", "network_mode", "allow_internet", "memory", "storage"}
+    ),
+}
+_NOT_HONOURED: dict[str, frozenset[str]] = {
+    "agent": frozenset({"network_mode", "allowed_hosts"}),
+    "verifier": frozenset(
+        {"network_mode", "allowed_hosts", "environment_mode", "environment", "collect"}
+    ),
+    "environment": frozenset(
+        {"gpu_types", "tpu", "mcp_servers", "skills_dir", "healthcheck", "allowed_hosts"}
+    ),
+}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT])i?B?\s*$", re.IGNORECASE)
+_SIZE_MB = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}
+
+
+class _TaskToml:
+    """Reads the fields of one task.toml, collecting problems and warnings."""
+
+    def __init__(self, path: Path, config: Mapping[str, Any], host_env: Mapping[str, str]):
+        self.path = path
+        self.config = config
+        self.host_env = host_env
+        self.problems: list[Problem] = []
+        self.warnings: list[str] = []
+
+    def table(self, name: str) -> Mapping[str, Any]:
+        value = self.config.get(name, {})
+        if not isinstance(value, Mapping):
+            self.problems.append(Problem(f"{self.path} [{name}]", "must be a table"))
+            return {}
+        return value
+
+    def check_fields(self) -> None:
+        """Warn about every field that is unknown, or known and not honoured."""
+        for name in self.config:
+            if name not in _HONOURED[""]:
+                self._unknown(name)
+        if self.config.get("artifacts"):
+            self.warnings.append(f"{self.path}: artifacts are not collected by maka-eval; ignored")
+        for section in ("agent", "verifier", "solution", "environment"):
+            table = self.config.get(section)
+            if not isinstance(table, Mapping):
+                continue
+            for name, value in table.items():
+                if name in _HONOURED[section]:
+                    continue
+                if name in _NOT_HONOURED.get(section, ()):
+                    if section == "verifier" and name == "environment_mode" and value == "shared":
+                        continue
+                    if value not in (None, "", [], {}):
+                        self.warnings.append(
+                            f"{self.path}: [{section}] {name} is not honoured by maka-eval; ignored"
+                        )
+                else:
+                    self._unknown(f"[{section}] {name}")
+
+    def _unknown(self, name: str) -> None:
+        self.warnings.append(
+            f"{self.path}: unknown field {name} (not a Harbor task.toml field; a typo?); ignored"
+        )
+
+    # -- typed fields -----------------------------------------------------------------
+    def number(self, section: str, name: str, *, integer: bool = False) -> float | None:
+        table = self.table(section)
+        if name not in table:
+            return None
+        value = table[name]
+        ok = isinstance(value, int) if integer else isinstance(value, int | float)
+        if isinstance(value, bool) or not ok or not math.isfinite(value) or value <= 0:
+            kind = "a positive whole number" if integer else "a positive number"
+            self.problems.append(
+                Problem(f"{self.path} [{section}]", f"{name} must be {kind}, got {value!r}")
+            )
+            return None
+        return float(value)
+
+    def user(self, section: str) -> str | None:
+        value = self.table(section).get("user")
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, str | int) or value == "":
+            self.problems.append(
+                Problem(
+                    f"{self.path} [{section}]",
+                    f"user must be a user name or a numeric uid, got {value!r}",
+                )
+            )
+            return None
+        return str(value)
+
+    def env(self, section: str) -> dict[str, str]:
+        env = self.table(section).get("env", {})
+        where = f"{self.path} [{section}.env]"
+        if not isinstance(env, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in env.items()
+        ):
+            self.problems.append(Problem(where, "env must be a table of string values"))
+            return {}
+        filled: dict[str, str] = {}
+        for key, raw in env.items():
+            value, missing = fill_templates(raw, self.host_env)
+            for name in missing:
+                self.problems.append(
+                    Problem(
+                        where,
+                        f"{key} = {raw!r} needs the environment variable {name}, which is "
+                        f"not set; export it, or give a default: ${{{name}:-value}}",
+                    )
+                )
+            filled[key] = value
+        return filled
+
+    def size_mb(self, name: str, legacy: str) -> int | None:
+        """`memory_mb`, else Harbor's deprecated `memory = "4G"` (the same for storage)."""
+        environment = self.table("environment")
+        if name in environment:
+            value = self.number("environment", name, integer=True)
+            return int(value) if value is not None else None
+        if legacy not in environment:
+            return None
+        raw = environment[legacy]
+        match = _SIZE.match(raw) if isinstance(raw, str) else None
+        if match is None:
+            self.problems.append(
+                Problem(
+                    f"{self.path} [environment]",
+                    f'{legacy} must be a size such as "512M" or "4G", got {raw!r} (or give {name})',
+                )
+            )
+            return None
+        return max(1, math.ceil(float(match.group(1)) * _SIZE_MB[match.group(2).upper()]))
+
+    def network_mode(self) -> str:
+        environment = self.table("environment")
+        mode = environment.get("network_mode", "public")
+        if mode not in NETWORK_MODES:
+            self.problems.append(
+                Problem(
+                    f"{self.path} [environment]",
+                    f"network_mode must be one of {', '.join(NETWORK_MODES)}, got {mode!r}",
+                )
+            )
+            return "public"
+        allow = environment.get("allow_internet")
+        if allow is not None and not isinstance(allow, bool):
+            self.problems.append(
+                Problem(
+                    f"{self.path} [environment]",
+                    f"allow_internet must be true or false, got {allow!r}",
+                )
+            )
+        elif allow is False and mode == "public":
+            return "no-network"  # Harbor maps the deprecated flag the same way
+        return str(mode)
+
+    def string(self, section: str, name: str) -> str | None:
+        value = self.table(section).get(name)
+        if value is None:
+            return None
+        if not isinstance(value, str) or not value.strip():
+            self.problems.append(
+                Problem(
+                    f"{self.path} [{section}]", f"{name} must be a non-empty string, got {value!r}"
+                )
+            )
+            return None
+        return value
+
+    def workdir(self) -> str | None:
+        value = self.string("environment", "workdir")
+        if value is not None and not value.startswith("/"):
+            self.problems.append(
+                Problem(
+                    f"{self.path} [environment]", f"workdir must be an absolute path, got {value!r}"
+                )
+            )
+            return None
+        return value
+
+    def gpus(self) -> int:
+        value = self.table("environment").get("gpus", 0)
+        if value is None:
+            return 0
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            self.problems.append(
+                Problem(
+                    f"{self.path} [environment]", f"gpus must be a whole number >= 0, got {value!r}"
+                )
+            )
+            return 0
+        return value
+
+    def check_os(self) -> None:
+        value = self.table("environment").get("os", "linux")
+        if value != "linux":
+            self.problems.append(
+                Problem(
+                    f"{self.path} [environment]",
+                    f"os = {value!r}: maka-eval runs Linux tasks only",
+                )
+            )
 
 
 def _multi_step(toml_path: Path) -> Problem | None:
@@ -135,8 +382,14 @@ def _multi_step(toml_path: Path) -> Problem | None:
     )
 
 
-def load_task(task_id: str, root: Path, where: str) -> tuple[TaskDefinition | None, list[Problem]]:
-    """Read one task directory; return it (or None) and the problems found."""
+def load_task(
+    task_id: str, root: Path, where: str, host_env: Mapping[str, str] | None = None
+) -> tuple[TaskDefinition | None, list[Problem]]:
+    """Read one task directory; return it (or None) and the problems found.
+
+    `${VAR}` templates in task.toml's env tables are filled from `host_env` (default:
+    this process's environment), as Harbor fills them from the host's.
+    """
     problems: list[Problem] = []
     if not root.is_dir():
         return None, [Problem(where, f"task directory {root} does not exist; check the path")]
@@ -162,15 +415,27 @@ def load_task(task_id: str, root: Path, where: str) -> tuple[TaskDefinition | No
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
             problems.append(Problem(str(toml_path), f"not valid TOML: {exc}"))
 
-    agent_timeout = _timeout(config.get("agent"), f"{toml_path} [agent]", problems)
-    verifier_timeout = _timeout(config.get("verifier"), f"{toml_path} [verifier]", problems)
-    verifier_env = _env(config.get("verifier"), f"{toml_path} [verifier]", problems)
-    solution_env = _env(config.get("solution"), f"{toml_path} [solution]", problems)
-    environment = (
-        config.get("environment") if isinstance(config.get("environment"), Mapping) else {}
-    )
-    assert isinstance(environment, Mapping)
-    image = environment.get("docker_image")
+    toml = _TaskToml(toml_path, config, os.environ if host_env is None else host_env)
+    toml.check_fields()
+    toml.check_os()
+    agent_timeout = toml.number("agent", "timeout_sec")
+    verifier_timeout = toml.number("verifier", "timeout_sec")
+    verifier_env = toml.env("verifier")
+    solution_env = toml.env("solution")
+    environment_env = toml.env("environment")
+    build_timeout = toml.number("environment", "build_timeout_sec")
+    cpus = toml.number("environment", "cpus")
+    memory_mb = toml.size_mb("memory_mb", "memory")
+    storage_mb = toml.size_mb("storage_mb", "storage")
+    image = toml.string("environment", "docker_image")
+    definition_fields: dict[str, Any] = {
+        "agent_user": toml.user("agent"),
+        "verifier_user": toml.user("verifier"),
+        "workdir": toml.workdir(),
+        "network_mode": toml.network_mode(),
+        "gpus": toml.gpus(),
+    }
+    problems += toml.problems
 
     environment_dir = root / "environment"
     build_file = next(
@@ -191,9 +456,19 @@ def load_task(task_id: str, root: Path, where: str) -> tuple[TaskDefinition | No
             verifier_timeout_sec=verifier_timeout,
             verifier_env=verifier_env,
             solution_env=solution_env,
-            docker_image=image if isinstance(image, str) and image else None,
+            docker_image=image,
             image_build_file=build_file,
             digest=directory_digest(root),
+            environment_digest=(
+                directory_digest(environment_dir) if build_file is not None else None
+            ),
+            environment_env=environment_env,
+            cpus=cpus,
+            memory_mb=memory_mb,
+            storage_mb=storage_mb,
+            build_timeout_sec=build_timeout or DEFAULT_BUILD_TIMEOUT_SEC,
+            warnings=tuple(toml.warnings),
+            **definition_fields,
         ),
         [],
     )

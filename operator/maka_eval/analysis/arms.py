@@ -1,0 +1,173 @@
+"""Per-arm figures: score with its bootstrap interval, pass@k, tokens, cost, duration.
+
+Each arm's figures are over its own cells with a selected result. Because loss is not
+random, these unpaired means are descriptive only: arms are compared in
+`analysis.comparison`, on re-paired observations.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from maka_eval.analysis.observations import CellObservation
+from maka_eval.analysis.statistics import Interval, Spread, bootstrap_mean, mean_pass_at_k, spread
+
+TOKEN_KINDS = (
+    ("input", "input_tokens"),
+    ("cache read", "cached_input_tokens"),
+    ("cache write", "cache_write_tokens"),
+    ("output", "output_tokens"),
+)
+"""The normalized usage every arm reports (input excludes cached input, so the four
+add up to the total). The usage contract has no reasoning count: it is 'not reported'."""
+REASONING_NOTE = "not reported (the normalized usage carries no reasoning count)"
+
+
+@dataclass(frozen=True)
+class TokenFigure:
+    """One kind of token over the results that reported usage."""
+
+    kind: str
+    total: int
+    mean: float
+
+
+@dataclass(frozen=True)
+class Tokens:
+    """Token usage of an arm's results."""
+
+    reported: int
+    """Results that reported usage."""
+    unreported: int
+    """Results without usage (the exit-code contract reports none)."""
+    figures: tuple[TokenFigure, ...]
+    total: int
+    mean_total: float | None
+
+
+@dataclass(frozen=True)
+class Cost:
+    """What an arm cost, and how much of it is only a lower bound."""
+
+    known: int
+    """Results with a known cost."""
+    unknown: int
+    """Results whose cost is unknown: the total is then a lower bound."""
+    total_usd: float | None
+    """Sum of the known costs of the results; None when no result has one."""
+    mean_usd: float | None
+    """Mean over the results with a known cost."""
+    all_attempts_usd: float | None
+    """Every recorded attempt of the arm (lost and retried ones too), known costs only."""
+    all_attempts_unknown: int
+
+    @property
+    def lower_bound(self) -> bool:
+        return self.unknown > 0 and self.known > 0
+
+
+@dataclass(frozen=True)
+class PassAtK:
+    """pass@k of an arm over the tasks with at least k results."""
+
+    k: int
+    value: float | None
+    tasks: int
+
+
+@dataclass(frozen=True)
+class ArmSummary:
+    """One arm (a subject of a run) over its cells."""
+
+    arm: str
+    run: str
+    subject_id: str
+    cells: int
+    results: int
+    completed: int
+    subject_failed: int
+    score: Interval | None
+    """Mean score over the results, with its bootstrap 95% interval."""
+    binary: bool
+    """Every score is 0 or 1."""
+    pass_at_k: tuple[PassAtK, ...]
+    tokens: Tokens
+    cost: Cost
+    duration: Spread | None
+    """Seconds, over the results."""
+
+
+def pass_ks(repetitions: int) -> tuple[int, ...]:
+    """Which k a report shows: 1, a few round numbers, and the repetition count."""
+    if repetitions < 2:
+        return ()
+    round_numbers = {k for k in (1, 2, 5, 10, 20, 50, 100) if k <= repetitions}
+    return tuple(sorted(round_numbers | {repetitions}))
+
+
+def summarize_arm(
+    arm: str,
+    cells: Sequence[CellObservation],
+    *,
+    repetitions: int,
+    resamples: int,
+    seed: int,
+    stream: int,
+) -> ArmSummary:
+    """An arm's figures from its cells (every cell, with or without a result)."""
+    results = [c for c in cells if c.score is not None]
+    scores = [c.score for c in results if c.score is not None]
+    per_task: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    for c in results:
+        counts = per_task[c.task_id]
+        counts[0] += 1
+        counts[1] += 1 if c.passed else 0
+    samples = [(n, passed) for n, passed in per_task.values()]
+    passes = []
+    for k in pass_ks(repetitions):
+        value, tasks = mean_pass_at_k(samples, k)
+        passes.append(PassAtK(k, value, tasks))
+    first = cells[0] if cells else None
+    return ArmSummary(
+        arm=arm,
+        run=first.run if first else "",
+        subject_id=first.subject_id if first else arm,
+        cells=len(cells),
+        results=len(results),
+        completed=sum(1 for c in results if c.status == "completed"),
+        subject_failed=sum(1 for c in results if c.status == "subject_failed"),
+        score=bootstrap_mean(scores, resamples=resamples, seed=seed, stream=stream),
+        binary=all(s in (0.0, 1.0) for s in scores),
+        pass_at_k=tuple(passes),
+        tokens=_tokens(results),
+        cost=_cost(cells, results),
+        duration=spread([c.duration_sec for c in results if c.duration_sec is not None]),
+    )
+
+
+def _tokens(results: Sequence[CellObservation]) -> Tokens:
+    reporting = [c for c in results if c.input_tokens is not None]
+    n = len(reporting)
+    figures = []
+    for kind, attribute in TOKEN_KINDS:
+        total = sum(getattr(c, attribute) or 0 for c in reporting)
+        figures.append(TokenFigure(kind, total, total / n if n else 0.0))
+    total = sum(f.total for f in figures)
+    return Tokens(n, len(results) - n, tuple(figures), total, total / n if n else None)
+
+
+def _cost(cells: Sequence[CellObservation], results: Sequence[CellObservation]) -> Cost:
+    known = [c.cost_usd for c in results if c.cost_usd is not None]
+    every_known = sum(c.all_attempts_cost_usd for c in cells)
+    every_unknown = sum(c.all_attempts_cost_unknown for c in cells)
+    every_attempts = sum(c.attempts for c in cells)
+    return Cost(
+        known=len(known),
+        unknown=len(results) - len(known),
+        total_usd=sum(known) if known else None,
+        mean_usd=sum(known) / len(known) if known else None,
+        all_attempts_usd=every_known if every_unknown < every_attempts else None,
+        all_attempts_unknown=every_unknown,
+    )

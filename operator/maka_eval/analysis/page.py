@@ -1,0 +1,500 @@
+"""report.html: one self-contained page (inline CSS and SVG, no script, no network).
+
+It shows what the terminal shows and more: the state of each run (partial runs are
+marked at the top), the warnings, per-arm figures, the paired comparisons, the losses,
+the plots and how every figure was computed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from html import escape
+
+from maka_eval import __version__
+from maka_eval.analysis.arms import REASONING_NOTE, ArmSummary
+from maka_eval.analysis.plots import (
+    arm_colors,
+    cost_score_plot,
+    difference_plot,
+    duration_plot,
+    score_plot,
+)
+from maka_eval.analysis.report import Report
+from maka_eval.analysis.statistics import CONFIDENCE, Interval
+
+MAX_LISTED_CELLS = 60
+
+_CSS = """
+:root { --ink:#1f2937; --muted:#6b7280; --line:#e5e7eb; --panel:#ffffff; --bg:#f3f4f6;
+        --ok:#15803d; --warn:#b45309; --warnbg:#fffbeb; --bad:#b91c1c; --accent:#2563eb; }
+* { box-sizing: border-box; }
+body { margin:0; background:var(--bg); color:var(--ink);
+       font: 14px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, "DejaVu Sans", sans-serif; }
+main { max-width: 1220px; margin: 0 auto; padding: 24px 28px 48px; }
+header h1 { font-size: 22px; margin: 0 0 4px; }
+header .sub { color: var(--muted); }
+.badge { display:inline-block; padding:2px 10px; border-radius:999px; font-weight:600;
+         font-size:12px; letter-spacing:.03em; text-transform:uppercase; vertical-align:middle;
+         margin-left:8px; }
+.badge.complete { background:#dcfce7; color:var(--ok); }
+.badge.partial { background:#fef3c7; color:var(--warn); }
+.banner { margin:16px 0; padding:12px 16px; border-radius:8px; border:1px solid #fcd34d;
+          background:var(--warnbg); }
+.banner strong { color: var(--warn); }
+.warnings { margin: 16px 0; padding: 12px 16px 12px 18px; border-left: 4px solid var(--warn);
+            background: var(--panel); border-radius: 6px; }
+.warnings h2 { margin-top: 0; }
+.warnings li { margin: 4px 0; }
+section { background: var(--panel); border-radius: 10px; padding: 16px 20px; margin: 16px 0;
+          box-shadow: 0 1px 2px rgba(0,0,0,.06); }
+h2 { font-size: 16px; margin: 0 0 10px; }
+p.note { color: var(--muted); margin: 8px 0 0; font-size: 12.5px; }
+table { border-collapse: collapse; width: 100%; font-variant-numeric: tabular-nums; }
+th, td { padding: 6px 10px; border-bottom: 1px solid var(--line); text-align: right;
+         white-space: nowrap; }
+th { font-size: 12px; color: var(--muted); font-weight: 600; background: #f9fafb;
+     white-space: normal; vertical-align: bottom; }
+th:first-child, td:first-child { text-align: left; }
+td.text, th.text { text-align: left; }
+.scroll { overflow-x: auto; }
+tbody tr:hover { background: #f9fafb; }
+.swatch { display:inline-block; width:10px; height:10px; border-radius:2px; margin-right:6px; }
+.ci { color: var(--muted); }
+.lb { color: var(--warn); font-weight: 600; }
+.sig { color: var(--bad); font-weight: 600; }
+.plots { display: grid; grid-template-columns: 1fr 1fr; gap: 16px; }
+.plots figure { margin: 0; background: var(--panel); border-radius: 10px; padding: 12px;
+                box-shadow: 0 1px 2px rgba(0,0,0,.06); }
+.plots figcaption { font-weight: 600; margin-bottom: 6px; }
+.plots svg { width: 100%; height: auto; }
+ul.diff { margin: 6px 0 0; padding-left: 20px; }
+code { background:#f3f4f6; padding: 1px 4px; border-radius: 4px; font-size: 12.5px; }
+footer { color: var(--muted); font-size: 12px; margin-top: 24px; }
+"""
+
+
+def _fmt(value: float | None, digits: int = 3) -> str:
+    return "&ndash;" if value is None else f"{value:.{digits}f}"
+
+
+def _int(value: int | None) -> str:
+    return "&ndash;" if value is None else f"{value:,}"
+
+
+def _usd(value: float | None) -> str:
+    return "&ndash;" if value is None else f"${value:,.4f}"
+
+
+def _interval(interval: Interval | None, digits: int = 3) -> str:
+    if interval is None:
+        return "&ndash;"
+    return (
+        f"{interval.estimate:.{digits}f} <span class='ci'>[{interval.low:.{digits}f}, "
+        f"{interval.high:.{digits}f}]</span>"
+    )
+
+
+def _p(value: float) -> str:
+    text = f"{value:.3g}" if value >= 0.001 else "&lt; 0.001"
+    return f"<span class='sig'>{text}</span>" if value < 0.05 else text
+
+
+def _table(head: Sequence[str], rows: Iterable[Sequence[str]], text_columns: int = 1) -> str:
+    """An HTML table; cells are already escaped HTML."""
+    cls = ["text" if i < text_columns else "" for i in range(len(head))]
+    header = "".join(f"<th class='{c}'>{h}</th>" for c, h in zip(cls, head, strict=True))
+    body = "".join(
+        "<tr>"
+        + "".join(f"<td class='{c}'>{v}</td>" for c, v in zip(cls, row, strict=True))
+        + "</tr>"
+        for row in rows
+    )
+    return (
+        f"<div class='scroll'><table><thead><tr>{header}</tr></thead>"
+        f"<tbody>{body}</tbody></table></div>"
+    )
+
+
+def _arm_cell(arm: str, colors: dict[str, str]) -> str:
+    return f"<span class='swatch' style='background:{colors[arm]}'></span>{escape(arm)}"
+
+
+def _header(report: Report) -> str:
+    experiments = sorted({run.experiment_id for run in report.runs})
+    badge = (
+        "<span class='badge partial'>partial</span>"
+        if report.partial
+        else "<span class='badge complete'>complete</span>"
+    )
+    runs = " · ".join(
+        escape(f"{run.label + ': ' if run.label else ''}{run.location} ({run.run_id})")
+        for run in report.runs
+    )
+    benchmark = report.runs[0].document.get("benchmark") or {}
+    bench = escape(f"{benchmark.get('id', '?')} {benchmark.get('version', '')}".strip())
+    return (
+        f"<header><h1>maka-eval report: {escape(', '.join(experiments))}{badge}</h1>"
+        f"<div class='sub'>benchmark {bench} · {runs}</div></header>"
+    )
+
+
+def _banner(report: Report) -> str:
+    if not report.partial:
+        return ""
+    lines = "".join(
+        f"<div><strong>{escape(run.label + ': ' if run.label else '')}"
+        f"{escape(run.state.value)}</strong> — {escape(run.detail)}. "
+        f"{run.with_result:,} of {run.cells:,} cells have a result so far.</div>"
+        for run in report.runs
+        if run.partial
+    )
+    return (
+        "<div class='banner' id='partial'><strong>Partial results.</strong> "
+        f"Every figure below covers the results recorded so far.{lines}</div>"
+    )
+
+
+def _warnings(report: Report) -> str:
+    found = report.warnings()
+    if not found:
+        return ""
+    items = "".join(f"<li>{escape(w)}</li>" for w in found)
+    return f"<div class='warnings'><h2>Warnings</h2><ul>{items}</ul></div>"
+
+
+def _pass_header(arms: Sequence[ArmSummary]) -> list[int]:
+    ks: set[int] = set()
+    for arm in arms:
+        ks |= {p.k for p in arm.pass_at_k}
+    return sorted(ks)
+
+
+def _arms_section(report: Report, colors: dict[str, str]) -> str:
+    ks = _pass_header(report.arms)
+    head = [
+        "arm",
+        "results / cells",
+        "completed / failed",
+        f"mean score [{CONFIDENCE:.0%} CI]",
+        *[f"pass@{k}" for k in ks],
+        "mean tokens",
+        "total cost",
+        "mean cost",
+        "duration median / p90 / max",
+    ]
+    rows = []
+    for arm in report.arms:
+        passes = {p.k: p for p in arm.pass_at_k}
+        lower = "<span class='lb'>≥ </span>" if arm.cost.lower_bound else ""
+        d = arm.duration
+        rows.append(
+            [
+                _arm_cell(arm.arm, colors),
+                f"{arm.results:,} / {arm.cells:,}",
+                f"{arm.completed:,} / {arm.subject_failed:,}",
+                _interval(arm.score),
+                *[_fmt(passes[k].value) if k in passes else "&ndash;" for k in ks],
+                _int(None if arm.tokens.mean_total is None else round(arm.tokens.mean_total)),
+                lower + _usd(arm.cost.total_usd),
+                _usd(arm.cost.mean_usd),
+                "&ndash;" if d is None else f"{d.median:.1f}s / {d.p90:.1f}s / {d.max:.1f}s",
+            ]
+        )
+    note = (
+        "Per arm, over its own cells with a result (each cell's earliest valid attempt). "
+        "Loss is not random, so compare arms with the paired table below, not with these "
+        "means. pass@k: Chen et al.'s unbiased estimator, a result passes at full marks, "
+        "over tasks with at least k results. ≥: some results have no known cost, so the "
+        "total is a lower bound."
+    )
+    return (
+        f"<section id='arms'><h2>Arms</h2>{_table(head, rows)}"
+        f"<p class='note'>{escape(note)}</p></section>"
+    )
+
+
+def _pairs_section(report: Report) -> str:
+    if not report.pairs:
+        return (
+            "<section id='pairs'><h2>Paired comparisons</h2>"
+            "<p class='note'>One arm: nothing to compare.</p></section>"
+        )
+    head = [
+        "first &minus; second",
+        "design",
+        "pairs",
+        "discarded (first / second)",
+        "mean first",
+        "mean second",
+        f"difference [{CONFIDENCE:.0%} CI]",
+        "test",
+        "first higher / second higher / tied",
+        "p",
+    ]
+    rows = []
+    for pair in report.pairs:
+        test = pair.test
+        rows.append(
+            [
+                f"{escape(pair.first)} &minus; {escape(pair.second)}",
+                "across runs" if pair.across_runs else "paired",
+                f"{pair.pairs:,}",
+                f"{pair.first_unmatched:,} / {pair.second_unmatched:,}",
+                _fmt(pair.first_mean),
+                _fmt(pair.second_mean),
+                _interval(pair.difference),
+                escape(test.name) if test else "&ndash;",
+                f"{test.positive:,} / {test.negative:,} / {test.ties:,}" if test else "&ndash;",
+                _p(test.p_value) if test else "&ndash;",
+            ]
+        )
+    note = (
+        "Paired by task id and repetition; a result whose partner has none is discarded "
+        "and counted. Difference: mean of (first &minus; second) over the pairs, percentile "
+        f"bootstrap over pairs ({report.resamples:,} resamples, seed {report.seed}). Test: "
+        "McNemar's exact test (two-sided binomial on the discordant pairs) when every score "
+        "is 0 or 1, else the two-sided sign test on the nonzero differences. Repetitions of "
+        "one task are treated as independent pairs."
+    )
+    return (
+        f"<section id='pairs'><h2>Paired comparisons</h2>{_table(head, rows, 2)}"
+        f"<p class='note'>{note}</p></section>"
+    )
+
+
+def _losses_section(report: Report, colors: dict[str, str]) -> str:
+    head = [
+        "arm",
+        "cells",
+        "started",
+        "with result",
+        "without result",
+        "out of retries",
+        "not started",
+        "attempts",
+        "infra failed",
+        "cancelled",
+        "interrupted",
+        "retried to a result",
+    ]
+    rows = [
+        [
+            _arm_cell(loss.arm, colors),
+            *(
+                f"{v:,}"
+                for v in (
+                    loss.cells,
+                    loss.started,
+                    loss.with_result,
+                    loss.without_result,
+                    loss.exhausted,
+                    loss.not_started,
+                    loss.attempts,
+                    loss.infra_failed,
+                    loss.cancelled,
+                    loss.interrupted,
+                    loss.retried_to_result,
+                )
+            ),
+        ]
+        for loss in report.losses
+    ]
+    note = (
+        "Loss is not random (long, chatty attempts die more), so a warning is shown whenever "
+        "two compared arms lose different shares of their started cells, with Fisher's "
+        "exact p-value; 'significantly' below 0.05."
+    )
+    return (
+        f"<section id='losses'><h2>Infrastructure losses</h2>{_table(head, rows)}"
+        f"<p class='note'>{note}</p></section>"
+    )
+
+
+def _tokens_section(report: Report, colors: dict[str, str]) -> str:
+    kinds = [f.kind for f in report.arms[0].tokens.figures] if report.arms else []
+    head = [
+        "arm",
+        "results reporting",
+        *[f"{k} (total / mean)" for k in kinds],
+        "total (total / mean)",
+        "reasoning",
+    ]
+    rows = []
+    for arm in report.arms:
+        t = arm.tokens
+        if t.reported:
+            figures = [f"{f.total:,} / {f.mean:,.0f}" for f in t.figures]
+            total = f"{t.total:,} / {t.mean_total or 0:,.0f}"
+        else:
+            figures = ["not reported"] * len(kinds)
+            total = "not reported"
+        rows.append(
+            [
+                _arm_cell(arm.arm, colors),
+                f"{t.reported:,} of {t.reported + t.unreported:,}",
+                *figures,
+                total,
+                "not reported",
+            ]
+        )
+    note = (
+        "Normalized usage of each result: input excludes cached input, so the four kinds add "
+        f"up to the total, the same way for every arm. Reasoning tokens: {REASONING_NOTE}."
+    )
+    return (
+        f"<section id='tokens'><h2>Tokens</h2>{_table(head, rows)}"
+        f"<p class='note'>{escape(note)}</p></section>"
+    )
+
+
+def _cost_section(report: Report, colors: dict[str, str]) -> str:
+    head = [
+        "arm",
+        "results with cost",
+        "results with unknown cost",
+        "total (results)",
+        "mean per result",
+        "every attempt (incl. lost)",
+        "attempts with unknown cost",
+    ]
+    rows = []
+    for arm in report.arms:
+        c = arm.cost
+        lower = "<span class='lb'>≥ </span>" if c.lower_bound else ""
+        every_lower = (
+            "<span class='lb'>≥ </span>"
+            if c.all_attempts_unknown and c.all_attempts_usd is not None
+            else ""
+        )
+        rows.append(
+            [
+                _arm_cell(arm.arm, colors),
+                f"{c.known:,}",
+                f"{c.unknown:,}",
+                lower + _usd(c.total_usd),
+                _usd(c.mean_usd),
+                every_lower + _usd(c.all_attempts_usd),
+                f"{c.all_attempts_unknown:,}",
+            ]
+        )
+    note = (
+        "Cost is attributable cost as recorded in each attempt's result; unknown cost "
+        "(the exit-code contract, or a partial metering figure) is never counted as zero: "
+        "the totals are then lower bounds (≥)."
+    )
+    return (
+        f"<section id='cost'><h2>Cost</h2>{_table(head, rows)}"
+        f"<p class='note'>{escape(note)}</p></section>"
+    )
+
+
+def _plots_section(report: Report, colors: dict[str, str]) -> str:
+    durations: dict[str, list[float]] = {arm.arm: [] for arm in report.arms}
+    for cell in report.cells:
+        if cell.duration_sec is not None:
+            durations[cell.arm].append(cell.duration_sec)
+    figures = [
+        ("Score per arm", score_plot(report.arms, colors)),
+        ("Paired differences", difference_plot(report.pairs)),
+        ("Cost vs score", cost_score_plot(report.arms, colors)),
+        ("Duration per arm", duration_plot(report.arms, durations, colors)),
+    ]
+    legends = {
+        "Score per arm": "Each arm over its own results; compare arms on the pairs.",
+        "Paired differences": "First minus second over matched task repetitions.",
+        "Cost vs score": "Mean cost per result against mean score; &gt; marks a lower-bound cost.",
+        "Duration per arm": "Box: quartiles; whiskers: 5th to 95th percentile; &#9670; p90; "
+        "&times; max.",
+    }
+    body = "".join(
+        f"<figure><figcaption>{escape(title)}</figcaption>{svg}"
+        f"<p class='note'>{legends[title]}</p></figure>"
+        for title, svg in figures
+    )
+    return f"<div class='plots' id='plots'>{body}</div>"
+
+
+def _runs_section(report: Report) -> str:
+    head = ["run", "location", "state", "cells with a result", "started", "maka-eval"]
+    rows = [
+        [
+            escape(run.label) or "&ndash;",
+            escape(f"{run.location} ({run.run_id})"),
+            escape(run.state.value),
+            f"{run.with_result:,} / {run.cells:,}",
+            run.started_at.strftime("%Y-%m-%d %H:%M UTC") if run.started_at else "&ndash;",
+            escape(", ".join(run.versions) or "unknown"),
+        ]
+        for run in report.runs
+    ]
+    differences = ""
+    if report.two_runs:
+        items = "".join(f"<li><code>{escape(d)}</code></li>" for d in report.run_differences)
+        differences = (
+            "<p class='note'>Separate runs are not a paired design. What differs (A → B):</p>"
+            + (
+                f"<ul class='diff'>{items}</ul>"
+                if items
+                else "<p class='note'>nothing recorded "
+                "in the frozen experiments, versions or start dates</p>"
+            )
+        )
+    return f"<section id='runs'><h2>Runs</h2>{_table(head, rows, 3)}{differences}</section>"
+
+
+def _missing_section(report: Report) -> str:
+    missing = [c for c in report.cells if not c.has_result]
+    if not missing:
+        return ""
+    rows = [
+        [
+            escape(c.cell_id) + (f" <span class='ci'>({escape(c.run)})</span>" if c.run else ""),
+            escape(c.state.value),
+            f"{c.attempts:,}",
+            f"{c.infra_failed:,}",
+            f"{c.cancelled:,}",
+            f"{c.interrupted:,}",
+        ]
+        for c in missing[:MAX_LISTED_CELLS]
+    ]
+    more = (
+        f"<p class='note'>… and {len(missing) - MAX_LISTED_CELLS:,} more (cells.csv lists "
+        "every cell).</p>"
+        if len(missing) > MAX_LISTED_CELLS
+        else ""
+    )
+    head = ["cell", "state", "attempts", "infra failed", "cancelled", "interrupted"]
+    return (
+        f"<section id='missing'><h2>Cells without a result ({len(missing):,})</h2>"
+        f"{_table(head, rows, 2)}{more}</section>"
+    )
+
+
+def render_page(report: Report) -> str:
+    """The whole page as one string."""
+    colors = arm_colors([arm.arm for arm in report.arms])
+    title = "maka-eval report: " + ", ".join(sorted({r.experiment_id for r in report.runs}))
+    parts = [
+        _header(report),
+        _banner(report),
+        _warnings(report),
+        _arms_section(report, colors),
+        _plots_section(report, colors),
+        _pairs_section(report),
+        _losses_section(report, colors),
+        _tokens_section(report, colors),
+        _cost_section(report, colors),
+        _runs_section(report),
+        _missing_section(report),
+        (
+            f"<footer>Generated {report.generated_at.strftime('%Y-%m-%d %H:%M UTC')} by "
+            f"maka-eval {escape(__version__)} · bootstrap {report.resamples:,} resamples, seed "
+            f"{report.seed} · cells.csv and summary.json are next to this page.</footer>"
+        ),
+    ]
+    return (
+        "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
+        "<meta name='viewport' content='width=device-width, initial-scale=1'>"
+        f"<title>{escape(title)}</title><style>{_CSS}</style></head>"
+        f"<body><main>{''.join(parts)}</main></body></html>\n"
+    )

@@ -1,0 +1,447 @@
+"""The full analysis of one run, or of two runs of one benchmark: `maka-eval report`.
+
+One or two attempt sources go in; out come per-arm figures, every pair of arms compared
+on re-paired observations, the infrastructure losses, and, for two runs, what differs
+between them. `write_report` writes `summary.json`, `cells.csv` and `report.html`.
+
+Arms are the subjects of a run. With two runs (A and B) an arm is named `A:subject`,
+and the pairs compared are those across the runs (A's arms against B's), paired by
+task id and repetition; the pairs within one run are what `report A` shows.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from maka_eval import __version__
+from maka_eval.analysis.arms import REASONING_NOTE, ArmSummary, summarize_arm
+from maka_eval.analysis.comparison import PairComparison, compare
+from maka_eval.analysis.losses import ArmLoss, LossWarning, arm_loss, loss_warning
+from maka_eval.analysis.observations import PASS_SCORE, CellObservation, observations
+from maka_eval.analysis.provenance import RunInfo, run_differences, run_info
+from maka_eval.analysis.source import AttemptSource
+from maka_eval.analysis.statistics import CONFIDENCE, DEFAULT_RESAMPLES, Interval
+from maka_eval.analysis.summary import RunSummary, summarize_source
+
+RUN_LABELS = ("A", "B")
+SUMMARY_FORMAT = "maka.eval.report.v1"
+
+
+@dataclass(frozen=True)
+class Report:
+    """Everything a report shows; built by `build_report`."""
+
+    runs: tuple[RunInfo, ...]
+    arms: tuple[ArmSummary, ...]
+    pairs: tuple[PairComparison, ...]
+    losses: tuple[ArmLoss, ...]
+    loss_warnings: tuple[LossWarning, ...]
+    run_differences: tuple[str, ...]
+    """What differs between two runs (empty for one run)."""
+    cells: tuple[CellObservation, ...] = field(repr=False)
+    resamples: int = DEFAULT_RESAMPLES
+    seed: int = 0
+    generated_at: datetime = field(default_factory=lambda: datetime.now(tz=UTC))
+
+    @property
+    def partial(self) -> bool:
+        """Whether any run is not complete: its figures cover the results so far."""
+        return any(run.partial for run in self.runs)
+
+    @property
+    def two_runs(self) -> bool:
+        return len(self.runs) == 2
+
+    def loss(self, arm: str) -> ArmLoss:
+        return next(loss for loss in self.losses if loss.arm == arm)
+
+    def warnings(self) -> list[str]:
+        """Every warning, most important first, as plain sentences."""
+        found = []
+        for run in self.runs:
+            name = f"run {run.label} ({run.location})" if run.label else f"run {run.location}"
+            if run.partial:
+                found.append(
+                    f"{name} is {run.state.value}: {run.detail}. Figures cover the "
+                    f"{run.with_result} of {run.cells} cells with a result so far"
+                )
+            if run.damaged:
+                found.append(
+                    f"{name}: {run.damaged} damaged attempt record(s) were left out "
+                    "(`maka-eval status` names them)"
+                )
+        if self.two_runs:
+            differs = (
+                "; they differ in: " + "; ".join(self.run_differences)
+                if self.run_differences
+                else "; their frozen experiments, versions and start dates agree, but "
+                "the occasions still differ"
+            )
+            found.append(
+                "runs A and B are separate runs, not a paired design: their arms did not "
+                "start together, so whatever changed between the occasions is confounded "
+                f"with the comparison{differs}"
+            )
+        for warning in self.loss_warnings:
+            found.append(warning.message(self.loss(warning.first), self.loss(warning.second)))
+        for pair in self.pairs:
+            if pair.first_unmatched or pair.second_unmatched:
+                found.append(
+                    f"{pair.first} vs {pair.second}: {pair.first_unmatched} result(s) of "
+                    f"{pair.first} and {pair.second_unmatched} of {pair.second} have no "
+                    "partner and were left out of the comparison"
+                )
+        return found
+
+
+def build_report(
+    sources: Sequence[AttemptSource],
+    *,
+    resamples: int = DEFAULT_RESAMPLES,
+    seed: int = 0,
+    summaries: Sequence[RunSummary] | None = None,
+) -> Report:
+    """Analyse one run, or two runs of the same benchmark (A, then B)."""
+    if not 1 <= len(sources) <= 2:
+        raise ValueError("a report covers one run or two")
+    if resamples < 1:
+        raise ValueError("the bootstrap needs at least one resample")
+    summaries = list(summaries) if summaries is not None else [summarize_source(s) for s in sources]
+    labels = RUN_LABELS if len(sources) == 2 else ("",)
+    runs = tuple(
+        run_info(source, summary, label)
+        for source, summary, label in zip(sources, summaries, labels, strict=False)
+    )
+    cells: list[CellObservation] = []
+    arm_order: list[str] = []
+    repetitions: dict[str, int] = {}
+    for summary, label in zip(summaries, labels, strict=False):
+        for observation in observations(summary, label):
+            if observation.arm not in repetitions:
+                arm_order.append(observation.arm)
+                repetitions[observation.arm] = summary.expansion.repetitions
+            cells.append(observation)
+    by_arm: dict[str, list[CellObservation]] = {arm: [] for arm in arm_order}
+    for observation in cells:
+        by_arm[observation.arm].append(observation)
+    stream = iter(range(1_000_000))
+    arms = tuple(
+        summarize_arm(
+            arm,
+            by_arm[arm],
+            repetitions=repetitions[arm],
+            resamples=resamples,
+            seed=seed,
+            stream=next(stream),
+        )
+        for arm in arm_order
+    )
+    pairs = []
+    for i, first in enumerate(arms):
+        for second in arms[i + 1 :]:
+            across = first.run != second.run
+            if len(runs) == 2 and not across:
+                continue
+            pairs.append(
+                compare(
+                    first.arm,
+                    by_arm[first.arm],
+                    second.arm,
+                    by_arm[second.arm],
+                    across_runs=across,
+                    resamples=resamples,
+                    seed=seed,
+                    stream=next(stream),
+                )
+            )
+    losses = tuple(arm_loss(arm, by_arm[arm]) for arm in arm_order)
+    loss_by_arm = {loss.arm: loss for loss in losses}
+    warnings = [
+        w
+        for pair in pairs
+        if (w := loss_warning(loss_by_arm[pair.first], loss_by_arm[pair.second])) is not None
+    ]
+    return Report(
+        runs=runs,
+        arms=arms,
+        pairs=tuple(pairs),
+        losses=losses,
+        loss_warnings=tuple(warnings),
+        run_differences=tuple(run_differences(*runs)) if len(runs) == 2 else (),
+        cells=tuple(cells),
+        resamples=resamples,
+        seed=seed,
+    )
+
+
+# -- summary.json ---------------------------------------------------------------------
+
+
+def _number(value: float | None, digits: int = 6) -> float | None:
+    if value is None or not math.isfinite(value):
+        return None
+    return round(value, digits)
+
+
+def _interval(interval: Interval | None) -> dict[str, Any] | None:
+    if interval is None:
+        return None
+    return {
+        "estimate": _number(interval.estimate),
+        "low": _number(interval.low),
+        "high": _number(interval.high),
+        "n": interval.n,
+    }
+
+
+def _arm_json(arm: ArmSummary) -> dict[str, Any]:
+    return {
+        "arm": arm.arm,
+        "run": arm.run or None,
+        "subject": arm.subject_id,
+        "cells": arm.cells,
+        "results": arm.results,
+        "completed": arm.completed,
+        "subjectFailed": arm.subject_failed,
+        "meanScore": _interval(arm.score),
+        "binaryScores": arm.binary,
+        "passAtK": [{"k": p.k, "value": _number(p.value), "tasks": p.tasks} for p in arm.pass_at_k],
+        "tokens": {
+            "resultsReporting": arm.tokens.reported,
+            "resultsNotReporting": arm.tokens.unreported,
+            # null, not 0, when no result reported usage: unknown is not nothing.
+            **{
+                _camel(f.kind): (
+                    {"total": f.total, "mean": _number(f.mean, 2)} if arm.tokens.reported else None
+                )
+                for f in arm.tokens.figures
+            },
+            "total": (
+                {"total": arm.tokens.total, "mean": _number(arm.tokens.mean_total, 2)}
+                if arm.tokens.reported
+                else None
+            ),
+            "reasoning": None,
+            "reasoningNote": REASONING_NOTE,
+        },
+        "cost": {
+            "totalUsd": _number(arm.cost.total_usd, 8),
+            "meanUsd": _number(arm.cost.mean_usd, 8),
+            "resultsWithCost": arm.cost.known,
+            "resultsWithUnknownCost": arm.cost.unknown,
+            "totalIsLowerBound": arm.cost.lower_bound,
+            "allAttemptsUsd": _number(arm.cost.all_attempts_usd, 8),
+            "allAttemptsWithUnknownCost": arm.cost.all_attempts_unknown,
+        },
+        "durationSec": (
+            None
+            if arm.duration is None
+            else {
+                "n": arm.duration.n,
+                "median": _number(arm.duration.median, 3),
+                "p90": _number(arm.duration.p90, 3),
+                "max": _number(arm.duration.max, 3),
+                "mean": _number(arm.duration.mean, 3),
+            }
+        ),
+    }
+
+
+def _camel(kind: str) -> str:
+    head, *rest = kind.split()
+    return head + "".join(w.title() for w in rest)
+
+
+def _pair_json(pair: PairComparison) -> dict[str, Any]:
+    test = pair.test
+    return {
+        "first": pair.first,
+        "second": pair.second,
+        "design": "across runs (not paired)" if pair.across_runs else "paired (same task group)",
+        "pairs": pair.pairs,
+        "discardedUnmatched": {
+            pair.first: pair.first_unmatched,
+            pair.second: pair.second_unmatched,
+        },
+        "firstMean": _number(pair.first_mean),
+        "secondMean": _number(pair.second_mean),
+        "difference": _interval(pair.difference),
+        "test": None
+        if test is None
+        else {
+            "name": test.name,
+            "firstHigher": test.positive,
+            "secondHigher": test.negative,
+            "ties": test.ties,
+            "pValue": test.p_value,
+        },
+    }
+
+
+def _loss_json(loss: ArmLoss) -> dict[str, Any]:
+    return {
+        "arm": loss.arm,
+        "cells": loss.cells,
+        "started": loss.started,
+        "withResult": loss.with_result,
+        "withoutResult": loss.without_result,
+        "exhausted": loss.exhausted,
+        "notStarted": loss.not_started,
+        "attempts": loss.attempts,
+        "infraFailed": loss.infra_failed,
+        "cancelled": loss.cancelled,
+        "interrupted": loss.interrupted,
+        "retriedToResult": loss.retried_to_result,
+    }
+
+
+def _run_json(run: RunInfo) -> dict[str, Any]:
+    return {
+        "label": run.label or None,
+        "location": run.location,
+        "runId": run.run_id,
+        "experiment": run.experiment_id,
+        "state": run.state.value,
+        "partial": run.partial,
+        "detail": run.detail,
+        "cells": run.cells,
+        "withResult": run.with_result,
+        "pending": run.pending,
+        "exhausted": run.exhausted,
+        "damagedRecords": run.damaged,
+        "startedAt": run.started_at.isoformat() if run.started_at else None,
+        "makaEvalVersions": list(run.versions),
+        "benchmark": run.document.get("benchmark"),
+    }
+
+
+def report_json(report: Report) -> dict[str, Any]:
+    """summary.json: every figure of the report, and how it was computed."""
+    return {
+        "format": SUMMARY_FORMAT,
+        "generatedAt": report.generated_at.isoformat(),
+        "makaEvalVersion": __version__,
+        "partial": report.partial,
+        "runs": [_run_json(run) for run in report.runs],
+        "runDifferences": list(report.run_differences),
+        "warnings": report.warnings(),
+        "method": {
+            "confidence": CONFIDENCE,
+            "bootstrap": "percentile, over cells (pairs for differences), seeded",
+            "resamples": report.resamples,
+            "seed": report.seed,
+            "passAtK": f"Chen et al. 2021 unbiased estimator; a result passes at score >= "
+            f"{PASS_SCORE:g}; tasks with fewer than k results are left out",
+            "pairing": "by task id and repetition; unmatched observations discarded",
+            "test": "McNemar exact (two-sided binomial on discordant pairs) when every "
+            "score is 0 or 1, else the two-sided sign test on nonzero differences",
+            "lossWarning": "whenever two compared arms lose different shares of their "
+            "started cells; Fisher exact p reported",
+        },
+        "arms": [_arm_json(arm) for arm in report.arms],
+        "pairs": [_pair_json(pair) for pair in report.pairs],
+        "losses": [_loss_json(loss) for loss in report.losses],
+    }
+
+
+# -- cells.csv ------------------------------------------------------------------------
+
+CELL_COLUMNS = (
+    "run",
+    "arm",
+    "subject",
+    "task",
+    "repetition",
+    "cell",
+    "state",
+    "status",
+    "score",
+    "passed",
+    "inputTokens",
+    "cachedInputTokens",
+    "cacheWriteTokens",
+    "outputTokens",
+    "totalTokens",
+    "costUsd",
+    "durationSec",
+    "selectedAttempt",
+    "attempts",
+    "infraFailed",
+    "cancelled",
+    "interrupted",
+)
+
+
+def cells_csv(report: Report) -> str:
+    """cells.csv: one row per cell of every arm, with or without a result."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(CELL_COLUMNS)
+    writer.writerows(
+        (
+            c.run,
+            c.arm,
+            c.subject_id,
+            c.task_id,
+            c.repetition,
+            c.cell_id,
+            c.state.value,
+            c.status or "",
+            "" if c.score is None else c.score,
+            "" if c.score is None else int(c.score >= PASS_SCORE),
+            _blank(c.input_tokens),
+            _blank(c.cached_input_tokens),
+            _blank(c.cache_write_tokens),
+            _blank(c.output_tokens),
+            _blank(c.total_tokens),
+            _blank(c.cost_usd),
+            "" if c.duration_sec is None else round(c.duration_sec, 4),
+            _blank(c.selected_attempt),
+            c.attempts,
+            c.infra_failed,
+            c.cancelled,
+            c.interrupted,
+        )
+        for c in report.cells
+    )
+    return out.getvalue()
+
+
+def _blank(value: float | int | None) -> str | float | int:
+    return "" if value is None else value
+
+
+# -- writing --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Written:
+    """The files a report was written to."""
+
+    html: Path | None
+    csv: Path
+    json: Path
+
+
+def write_report(report: Report, out_dir: Path, *, html: bool = True) -> Written:
+    """Write summary.json, cells.csv and (unless html=False) report.html into out_dir."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    summary_path = out_dir / "summary.json"
+    summary_path.write_text(json.dumps(report_json(report), indent=2) + "\n", encoding="utf-8")
+    csv_path = out_dir / "cells.csv"
+    csv_path.write_text(cells_csv(report), encoding="utf-8")
+    html_path = None
+    if html:
+        from maka_eval.analysis.page import render_page  # matplotlib: only for the page
+
+        html_path = out_dir / "report.html"
+        html_path.write_text(render_page(report), encoding="utf-8")
+    return Written(html_path, csv_path, summary_path)

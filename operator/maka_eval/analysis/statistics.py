@@ -1,0 +1,207 @@
+"""The statistics of a report: bootstrap intervals, pass@k and exact tests.
+
+Pure functions over numbers (numpy for the resampling); every method is named here once,
+and the tests check each against a reference (scipy) or a table worked out by hand.
+
+- Bootstrap: percentile interval of the mean over resamples of the observations, drawn
+  with replacement from a seeded generator. When the values take few distinct levels
+  (0/1 scores, paired differences of them) the resample mean depends only on how many
+  times each level is drawn, so the draw is one multinomial per resample: the same
+  resampling distribution as drawing every observation, at a fraction of the cost.
+- pass@k: the unbiased estimator of Chen et al. (2021), 1 - C(n-c, k) / C(n, k), per
+  task over its n samples with c passes, averaged over tasks with at least k samples.
+- Exact tests: the two-sided binomial test with p = 1/2 (the sign test). McNemar's exact
+  test is this test on the discordant pairs of binary scores; for other scores it is the
+  sign test on the nonzero paired differences. Fisher's exact test compares two
+  proportions (of lost cells) when the tables are small, as they are here.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+DEFAULT_RESAMPLES = 10_000
+CONFIDENCE = 0.95
+_CHUNK_ELEMENTS = 4_000_000
+"""At most this many drawn indices in memory at once (32 MB): large samples are
+resampled in chunks of resamples so memory stays flat whatever the sample size."""
+_RELATIVE_TOLERANCE = 1 + 1e-7
+"""Outcomes at most this much more likely than the observed one count as 'as extreme'
+(as scipy does), so floating-point noise does not drop the observed table's twin."""
+
+FloatArray = npt.NDArray[np.float64]
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A point estimate with a two-sided confidence interval."""
+
+    estimate: float
+    low: float
+    high: float
+    n: int
+
+
+def bootstrap_mean(
+    values: Sequence[float] | FloatArray,
+    *,
+    resamples: int = DEFAULT_RESAMPLES,
+    seed: int = 0,
+    stream: int = 0,
+    confidence: float = CONFIDENCE,
+) -> Interval | None:
+    """The mean with a percentile bootstrap interval; None for no values. `stream` gives
+    each interval of one report its own random numbers from the one seed."""
+    data = np.asarray(values, dtype=np.float64)
+    n = int(data.size)
+    if n == 0:
+        return None
+    means = resampled_means(data, resamples=resamples, seed=seed, stream=stream)
+    tail = (1 - confidence) / 2
+    low, high = np.quantile(means, [tail, 1 - tail])
+    return Interval(float(data.mean()), float(low), float(high), n)
+
+
+def resampled_means(data: FloatArray, *, resamples: int, seed: int, stream: int = 0) -> FloatArray:
+    """The means of `resamples` bootstrap resamples of `data` (seeded, deterministic)."""
+    if resamples < 1:
+        raise ValueError("the bootstrap needs at least one resample")
+    rng = np.random.default_rng([seed, stream])
+    n = int(data.size)
+    levels, counts = np.unique(data, return_counts=True)
+    if levels.size * 8 <= n:
+        # Few distinct values: draw how often each is picked (one multinomial per
+        # resample) instead of which observations are picked; same distribution.
+        picked = rng.multinomial(n, counts / n, size=resamples)
+        return np.asarray(picked @ levels / n, dtype=np.float64)
+    means = np.empty(resamples, dtype=np.float64)
+    chunk = max(1, _CHUNK_ELEMENTS // n)
+    for start in range(0, resamples, chunk):
+        stop = min(resamples, start + chunk)
+        index = rng.integers(0, n, size=(stop - start, n))
+        means[start:stop] = data[index].mean(axis=1)
+    return means
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Chen et al.'s unbiased pass@k for one task: n samples, c of them passed."""
+    if not 0 <= c <= n or not 1 <= k <= n:
+        raise ValueError(f"pass@k needs 0 <= c <= n and 1 <= k <= n (n={n}, c={c}, k={k})")
+    if n - c < k:
+        return 1.0
+    # 1 - C(n-c, k) / C(n, k) as a product, stable for large n.
+    return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
+
+
+def mean_pass_at_k(samples: Sequence[tuple[int, int]], k: int) -> tuple[float | None, int]:
+    """pass@k averaged over tasks given as (n, c); tasks with fewer than k samples are
+    left out. Returns (the average or None, how many tasks it averages)."""
+    used = [pass_at_k(n, c, k) for n, c in samples if n >= k]
+    return (sum(used) / len(used) if used else None), len(used)
+
+
+def _log_binomial_pmf(n: int, p: float) -> FloatArray:
+    """log P(X = k) for k = 0..n, X ~ Binomial(n, p)."""
+    k = np.arange(n + 1, dtype=np.float64)
+    log_factorial = np.array([math.lgamma(x + 1) for x in range(n + 1)], dtype=np.float64)
+    log_choose = log_factorial[n] - log_factorial - log_factorial[::-1]
+    with np.errstate(divide="ignore"):
+        return np.asarray(log_choose + k * np.log(p) + (n - k) * np.log1p(-p), dtype=np.float64)
+
+
+def binomial_test(successes: int, trials: int, p: float = 0.5) -> float:
+    """Two-sided exact binomial test p-value (the outcomes no more likely than the
+    observed one, as scipy.stats.binomtest computes it)."""
+    if not 0 <= successes <= trials:
+        raise ValueError("successes must be between 0 and trials")
+    if trials == 0:
+        return 1.0
+    log_pmf = _log_binomial_pmf(trials, p)
+    observed = log_pmf[successes]
+    extreme = log_pmf <= observed + math.log(_RELATIVE_TOLERANCE)
+    top = float(log_pmf[extreme].max())
+    total = float(np.exp(log_pmf[extreme] - top).sum()) * math.exp(top)
+    return min(1.0, total)
+
+
+@dataclass(frozen=True)
+class ExactTest:
+    """An exact test of 'no difference' on paired observations."""
+
+    name: str
+    """'McNemar exact' (binary scores) or 'sign test' (other scores)."""
+    positive: int
+    """Pairs where the first arm scored higher."""
+    negative: int
+    """Pairs where the second arm scored higher."""
+    ties: int
+    p_value: float
+
+
+def paired_test(first: Sequence[float], second: Sequence[float]) -> ExactTest:
+    """McNemar's exact test when every score is 0 or 1, else the sign test; both are the
+    two-sided binomial test (p = 1/2) on the pairs that differ."""
+    if len(first) != len(second):
+        raise ValueError("paired observations must have equal lengths")
+    binary = all(v in (0.0, 1.0) for v in first) and all(v in (0.0, 1.0) for v in second)
+    positive = sum(1 for a, b in zip(first, second, strict=True) if a > b)
+    negative = sum(1 for a, b in zip(first, second, strict=True) if a < b)
+    ties = len(first) - positive - negative
+    return ExactTest(
+        "McNemar exact" if binary else "sign test",
+        positive,
+        negative,
+        ties,
+        binomial_test(positive, positive + negative),
+    )
+
+
+def fisher_exact(a: int, b: int, c: int, d: int) -> float:
+    """Two-sided Fisher exact p-value of the 2x2 table [[a, b], [c, d]] (the tables with
+    the same margins no more likely than the observed one)."""
+    if min(a, b, c, d) < 0:
+        raise ValueError("a 2x2 table holds counts")
+    row, column, total = a + b, a + c, a + b + c + d
+    low, high = max(0, column - (total - row)), min(row, column)
+    if high <= low:
+        return 1.0
+
+    def log_pmf(x: int) -> float:
+        return (
+            _log_choose(row, x) + _log_choose(total - row, column - x) - _log_choose(total, column)
+        )
+
+    observed = log_pmf(a)
+    logs = [log_pmf(x) for x in range(low, high + 1)]
+    extreme = [v for v in logs if v <= observed + math.log(_RELATIVE_TOLERANCE)]
+    top = max(extreme)
+    return min(1.0, math.exp(top) * sum(math.exp(v - top) for v in extreme))
+
+
+def _log_choose(n: int, k: int) -> float:
+    return math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1)
+
+
+@dataclass(frozen=True)
+class Spread:
+    """The distribution of a positive quantity (durations)."""
+
+    n: int
+    median: float
+    p90: float
+    max: float
+    mean: float
+
+
+def spread(values: Sequence[float] | FloatArray) -> Spread | None:
+    """Median, 90th percentile (linear interpolation), maximum and mean; None if empty."""
+    data = np.asarray(values, dtype=np.float64)
+    if data.size == 0:
+        return None
+    median, p90 = np.quantile(data, [0.5, 0.9])
+    return Spread(int(data.size), float(median), float(p90), float(data.max()), float(data.mean()))

@@ -1,0 +1,329 @@
+"""`maka-eval report`: the full analysis of a run (or two), in the terminal and on disk.
+
+`results` and `status` keep their quick tables; this command pairs the arms, puts
+intervals and exact tests on the comparisons, counts the losses, and writes
+report.html (self-contained), cells.csv and summary.json.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+from rich import box
+from rich.console import Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+if TYPE_CHECKING:
+    from maka_eval.analysis.report import Report
+    from maka_eval.analysis.source import AttemptSource
+    from maka_eval.analysis.summary import RunSummary
+
+_CLUSTER_DAMAGE = (
+    "their Attempt's spec or status.result does not parse, or its Cell disagrees; "
+    "`kubectl get attempt -n NAMESPACE NAME -o yaml` shows one"
+)
+_DIRECTORY_DAMAGE = (
+    "maka-eval never rewrites a record; a writer refuses to resume until they are moved "
+    "out of the run directory"
+)
+
+
+def _sources(
+    run_dirs: list[Path], cluster: str | None, kubeconfig: Path | None
+) -> list[tuple[AttemptSource, str]]:
+    """The runs to report on (A first), each with why its damaged records are left out."""
+    from maka_eval.analysis.source import RunDirectorySource
+
+    if cluster is None and kubeconfig is not None:
+        raise typer.BadParameter(
+            "only applies with --cluster NAMESPACE/NAME", param_hint="--kubeconfig"
+        )
+    total = len(run_dirs) + (cluster is not None)
+    if total == 0:
+        raise typer.BadParameter(
+            "name a run directory, or an experiment on a cluster with --cluster NAMESPACE/NAME",
+            param_hint="RUN_DIR / --cluster",
+        )
+    if total > 2:
+        raise typer.BadParameter(
+            "a report compares at most two runs: RUN_DIR and RUN_DIR_B, or one RUN_DIR and "
+            "--cluster NAMESPACE/NAME",
+            param_hint="RUN_DIR / RUN_DIR_B / --cluster",
+        )
+    sources: list[tuple[AttemptSource, str]] = [
+        (RunDirectorySource(path), _DIRECTORY_DAMAGE) for path in run_dirs
+    ]
+    if cluster is not None:
+        # Imported here: only --cluster needs the kubernetes client.
+        from maka_eval.analysis.cluster import ClusterSource, connect, parse_target
+
+        try:
+            namespace, name = parse_target(cluster)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--cluster") from None
+        sources.append((ClusterSource(connect(kubeconfig), namespace, name), _CLUSTER_DAMAGE))
+    return sources
+
+
+def _default_out(run_dirs: list[Path], cluster: str | None) -> Path:
+    if not run_dirs:
+        assert cluster is not None
+        return Path("report-" + cluster.replace("/", "-"))
+    if len(run_dirs) == 1 and cluster is None:
+        return run_dirs[0] / "report"
+    other = run_dirs[1].name if len(run_dirs) == 2 else (cluster or "").replace("/", "-")
+    return run_dirs[0] / f"report-vs-{other or 'b'}"
+
+
+def report_command(
+    run_dir: Annotated[
+        Path | None,
+        typer.Argument(
+            metavar="RUN_DIR",
+            help="Run directory (or name an experiment with --cluster).",
+            show_default=False,
+        ),
+    ] = None,
+    run_dir_b: Annotated[
+        Path | None,
+        typer.Argument(
+            metavar="RUN_DIR_B",
+            help="A second run of the same benchmark: arms are paired across the two runs "
+            "by task id and repetition (a warning names what differs between them).",
+            show_default=False,
+        ),
+    ] = None,
+    cluster: Annotated[
+        str | None,
+        typer.Option(
+            "--cluster",
+            metavar="NAMESPACE/NAME",
+            help="Read the Experiment NAME in NAMESPACE from a Kubernetes cluster instead of "
+            "a run directory (with a RUN_DIR: compare the two).",
+        ),
+    ] = None,
+    kubeconfig: Annotated[
+        Path | None,
+        typer.Option(
+            "--kubeconfig",
+            metavar="PATH",
+            help="With --cluster: the kubeconfig to use (default: $KUBECONFIG, "
+            "~/.kube/config, else the Pod's service account).",
+        ),
+    ] = None,
+    out_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--out",
+            "-o",
+            metavar="DIR",
+            help="Where report.html, cells.csv and summary.json go (default: RUN_DIR/report).",
+        ),
+    ] = None,
+    resamples: Annotated[
+        int,
+        typer.Option("--bootstrap", metavar="N", min=100, help="Bootstrap resamples per interval."),
+    ] = 10_000,
+    seed: Annotated[
+        int, typer.Option("--seed", metavar="S", min=0, help="Seed of the bootstrap.")
+    ] = 0,
+) -> None:
+    """The full analysis: per-arm intervals, paired comparisons with exact tests, losses;
+    writes report.html, cells.csv and summary.json."""
+    from maka_eval.analysis.report import build_report, write_report
+    from maka_eval.cli.main import _summarize, out
+
+    run_dirs = [p for p in (run_dir, run_dir_b) if p is not None]
+    sources = _sources(run_dirs, cluster, kubeconfig)
+    summaries: list[RunSummary] = [_summarize(source, why) for source, why in sources]
+    report = build_report(
+        [source for source, _ in sources], resamples=resamples, seed=seed, summaries=summaries
+    )
+    target = out_dir if out_dir is not None else _default_out(run_dirs, cluster)
+    written = write_report(report, target)
+    out.print(report_view(report))
+    out.print(
+        f"wrote {written.html}, {written.csv.name} and {written.json.name}",
+        highlight=False,
+        markup=False,
+        soft_wrap=True,
+    )
+
+
+# -- the terminal view ------------------------------------------------------------------
+
+
+def _ci(estimate: float, low: float, high: float) -> Text:
+    text = Text(f"{estimate:.3f} ")
+    text.append(f"[{low:.3f}, {high:.3f}]", style="dim")
+    return text
+
+
+def _usd(value: float | None) -> str:
+    return "-" if value is None else f"${value:,.4f}"
+
+
+def _p(value: float) -> Text:
+    text = f"{value:.3g}" if value >= 0.001 else "<0.001"
+    return Text(text, style="bold red" if value < 0.05 else "")
+
+
+def report_view(report: Report) -> RenderableType:
+    """What `report` prints: runs, arms, tokens, pairs, losses and warnings."""
+    parts: list[RenderableType] = [_runs(report)]
+    if report.partial:
+        parts.append(
+            Text(
+                "PARTIAL RESULTS: the run is not complete; every figure covers the results "
+                "recorded so far.",
+                style="bold yellow",
+            )
+        )
+    parts += [_arms(report), _tokens(report), _pairs(report), _losses(report)]
+    warnings = report.warnings()
+    if warnings:
+        parts.append(Text("warnings:", style="bold yellow"))
+        parts += [Text(f"  - {w}", style="yellow") for w in warnings]
+    return Group(*parts)
+
+
+def _runs(report: Report) -> Table:
+    head = Table.grid(padding=(0, 2))
+    head.add_column(style="bold")
+    head.add_column()
+    for run in report.runs:
+        style = "green" if not run.partial else "yellow"
+        name = f"run {run.label}" if run.label else "run"
+        line = Text(f"{run.location}  ({run.run_id}, experiment {run.experiment_id})  ")
+        line.append(run.state.value, style=style)
+        if run.partial:
+            line.append(f": {run.detail}", style=style)
+        head.add_row(name, line)
+    return head
+
+
+def _arms(report: Report) -> Table:
+    ks = sorted({p.k for arm in report.arms for p in arm.pass_at_k})
+    shown_ks = [k for k in ks if k in (1, max(ks))] if ks else []
+    table = Table(
+        title="Arms (each over its own results; compare arms with the paired table)",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        caption="≥: some results have no known cost, the total is a lower bound"
+        if any(arm.cost.lower_bound for arm in report.arms)
+        else None,
+        caption_justify="left",
+    )
+    table.add_column("arm", style="bold", no_wrap=True)
+    table.add_column("results", justify="right", no_wrap=True)
+    table.add_column("mean score [95% CI]", justify="right", no_wrap=True)
+    for k in shown_ks:
+        table.add_column(f"pass@{k}", justify="right", no_wrap=True)
+    for name in ("cost", "mean cost", "time p50/p90/max"):
+        table.add_column(name, justify="right", no_wrap=True)
+    for arm in report.arms:
+        passes = {p.k: p.value for p in arm.pass_at_k}
+        score: RenderableType = (
+            _ci(arm.score.estimate, arm.score.low, arm.score.high) if arm.score else "-"
+        )
+        d = arm.duration
+        lower = "≥ " if arm.cost.lower_bound else ""
+        table.add_row(
+            arm.arm,
+            f"{arm.results}/{arm.cells}",
+            score,
+            *[f"{passes[k]:.3f}" if passes.get(k) is not None else "-" for k in shown_ks],
+            lower + _usd(arm.cost.total_usd),
+            _usd(arm.cost.mean_usd),
+            "-" if d is None else f"{d.median:.1f}s/{d.p90:.1f}s/{d.max:.1f}s",
+        )
+    return table
+
+
+def _tokens(report: Report) -> Table:
+    table = Table(
+        title="Tokens per result (mean; normalized the same way for every arm)",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+    )
+    table.add_column("arm", style="bold", no_wrap=True)
+    table.add_column("reporting", justify="right", no_wrap=True)
+    kinds = [f.kind for f in report.arms[0].tokens.figures] if report.arms else []
+    for kind in (*kinds, "total", "reasoning"):
+        table.add_column(kind, justify="right", no_wrap=True)
+    for arm in report.arms:
+        t = arm.tokens
+        if t.reported:
+            figures = [f"{f.mean:,.0f}" for f in t.figures] + [f"{t.mean_total or 0:,.0f}"]
+        else:
+            figures = ["not reported"] * (len(kinds) + 1)
+        table.add_row(
+            arm.arm, f"{t.reported}/{t.reported + t.unreported}", *figures, "not reported"
+        )
+    return table
+
+
+def _pairs(report: Report) -> RenderableType:
+    if not report.pairs:
+        return Text("paired comparisons: one arm, nothing to compare", style="dim")
+    table = Table(
+        title="Paired comparisons (by task id and repetition; unmatched results discarded)",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+    )
+    table.add_column("first \u2212 second", style="bold", no_wrap=True)
+    for name in ("pairs", "discarded", "difference [95% CI]", "test", "+/\u2212/=", "p"):
+        table.add_column(name, justify="right", no_wrap=True)
+    for pair in report.pairs:
+        d = pair.difference
+        test = pair.test
+        label = f"{pair.first} \u2212 {pair.second}"
+        if pair.across_runs:
+            label += " (across runs)"
+        table.add_row(
+            label,
+            str(pair.pairs),
+            f"{pair.first_unmatched}/{pair.second_unmatched}",
+            _ci(d.estimate, d.low, d.high) if d else "-",
+            test.name if test else "-",
+            f"{test.positive}/{test.negative}/{test.ties}" if test else "-",
+            _p(test.p_value) if test else "-",
+        )
+    return table
+
+
+def _losses(report: Report) -> Table:
+    table = Table(
+        title="Infrastructure losses", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False
+    )
+    table.add_column("arm", style="bold", no_wrap=True)
+    for name in (
+        "started",
+        "without result",
+        "out of retries",
+        "not started",
+        "attempts",
+        "infra failed",
+        "cancelled",
+        "interrupted",
+    ):
+        table.add_column(name, justify="right", no_wrap=True)
+    for loss in report.losses:
+        table.add_row(
+            loss.arm,
+            str(loss.started),
+            Text(str(loss.without_result), style="yellow" if loss.without_result else ""),
+            str(loss.exhausted),
+            str(loss.not_started),
+            str(loss.attempts),
+            str(loss.infra_failed),
+            str(loss.cancelled),
+            str(loss.interrupted),
+        )
+    return table

@@ -1,0 +1,999 @@
+"""The container backend: the attempt runs in the task's image, through a Docker Engine API.
+
+Harbor's way, on Docker or on Podman's compatible socket:
+
+- `start` resolves the image (task.toml's `docker_image`, pulled when missing; or built
+  from environment/Dockerfile under `maka-eval-task/<task>:<environment digest>` and
+  reused while that folder is unchanged), creates a container that only sleeps (PID 1),
+  with the task's resources, network mode, env and workdir, and uploads what the subject
+  may see: the workspace into the workdir, the instruction, `/logs/agent`.
+- Programs run in it by exec. `spawn` returns a host process (`maka_eval.sandbox.exec`)
+  that is the exec for the relay: its output, its exit code, killing it. `/solution`
+  (the oracle) and the subject's own program (a path in the spec: /maka/bin/) are
+  uploaded right before the subject; `/tests` only when the verifier is due.
+- Quiescing the subject kills the helper and every process in the container but PID 1.
+  When the subject exits on its own, what it left running stays up (a server the
+  verifier queries) until `stop` removes the container.
+- The verifier runs in a private mount namespace inside the container (a privileged exec
+  that drops back to the container's capabilities and the verifier's user before
+  tests/test.sh runs): its `/tests` and `/logs/verifier` are its own tmpfs, so nothing the
+  subject left running can change the tests or write a reward. What it wrote is handed
+  out as a tar whose digest travels on the wrapper's stderr, under a marker only the
+  wrapper and the helper know. Where the image or the engine cannot make that namespace,
+  the verifier runs plainly in fresh shared folders and the record says so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import json
+import os
+import re
+import secrets
+import subprocess
+import sys
+import tarfile
+import threading
+import time
+import urllib.parse
+from collections import Counter, deque
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import IO, Any
+
+from maka_eval.relay.output import OutputCapture
+from maka_eval.relay.plan import ContainerPlan
+from maka_eval.relay.processes import MARKER_VARIABLE as ATTEMPT_MARKER
+from maka_eval.relay.processes import CancelToken, ProcessSupervisor, WaitEnd
+from maka_eval.sandbox import exec as exec_helper
+from maka_eval.sandbox.base import Isolation, Layout, Phase
+
+ENGINE_SOCKETS = (
+    "unix:///run/maka-eval/podman.sock",
+    "unix:///var/run/docker.sock",
+    "unix:///run/podman/podman.sock",
+)
+"""Where an engine is looked for when DOCKER_HOST is not set (hack/podman.sh's first)."""
+LABEL = "dev.maka.eval"
+BUILD_REPOSITORY = "maka-eval-task"
+DEFAULT_WORKDIR = "/app"
+PROGRAM_DIR = "/maka/bin"
+FRAME_DIR = "/maka/frame"
+INSTRUCTION_PATH = "/maka/instruction.md"
+CLIENT_TIMEOUT = 120
+PROBE_TIMEOUT = 3.0
+MAX_FRAME_BYTES = 1 << 20
+TMP_BYTES = 1 << 30
+"""Size of an attempt's /tmp (a tmpfs, as in the process sandbox)."""
+MAX_VERIFIER_BYTES = 256 << 20
+"""What is taken of /logs/verifier (the rewards, and any report test.sh wrote)."""
+HOST_ONLY_ENV = ("PATH", "HOME", "TMPDIR")
+"""The relay's values for these name host folders: in the container, the image's PATH,
+the exec user's HOME and the image's TMPDIR apply, as in Harbor."""
+
+image_builds: Counter[str] = Counter()
+"""Image tag -> builds this process made (a second run of an unchanged task makes none)."""
+
+
+# -- the engine ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class EngineInfo:
+    """A Docker Engine API that answered."""
+
+    url: str
+    kind: str
+    """'Docker' or 'Podman'."""
+    version: str
+    api_version: str
+    gpus: bool
+    """Whether the engine has an NVIDIA runtime (tasks with `gpus > 0` need one)."""
+
+    def describe(self) -> str:
+        return f"{self.kind} {self.version} (API {self.api_version}) at {self.url}"
+
+
+@dataclass(frozen=True)
+class EngineProbe:
+    """The engine found, or what was tried."""
+
+    engine: EngineInfo | None
+    tried: tuple[str, ...]
+
+    def why_none(self) -> str:
+        return "no container engine answered (tried " + "; ".join(self.tried) + ")"
+
+
+def engine_candidates(host_env: Mapping[str, str]) -> tuple[str, ...]:
+    """DOCKER_HOST when set (never second-guessed, as the docker CLI does), else the
+    usual sockets of Podman and Docker."""
+    configured = host_env.get("DOCKER_HOST", "").strip()
+    return (configured,) if configured else ENGINE_SOCKETS
+
+
+def _probe(url: str) -> tuple[EngineInfo | None, str]:
+    if url.startswith("unix://") and not os.path.exists(url.removeprefix("unix://")):
+        return None, f"{url}: no such socket"
+    if not url.startswith(("unix://", "tcp://", "http://")):
+        return None, f"{url}: not a unix:// or tcp:// address"
+    try:
+        status, version = exec_helper.request(url, "GET", "/version", timeout=PROBE_TIMEOUT)
+        if status != 200 or not isinstance(version, dict):
+            return None, f"{url}: answered {status} to /version"
+        _, info = exec_helper.request(url, "GET", "/info", timeout=PROBE_TIMEOUT)
+    except OSError as exc:
+        return None, f"{url}: {exc.strerror or exc}"
+    components = [c.get("Name", "") for c in version.get("Components") or []]
+    kind = "Podman" if any("Podman" in name for name in components) else "Docker"
+    runtimes = info.get("Runtimes") if isinstance(info, dict) else None
+    return (
+        EngineInfo(
+            url=url,
+            kind=kind,
+            version=str(version.get("Version", "?")),
+            api_version=str(version.get("ApiVersion", "?")),
+            gpus=isinstance(runtimes, dict) and "nvidia" in runtimes,
+        ),
+        f"{url}: {kind}",
+    )
+
+
+def engine_info(host_env: Mapping[str, str] | None = None) -> EngineProbe:
+    """The first container engine that answers (standard library only, no SDK)."""
+    env = os.environ if host_env is None else host_env
+    tried = []
+    for url in engine_candidates(env):
+        engine, said = _probe(url)
+        tried.append(said)
+        if engine is not None:
+            return EngineProbe(engine, tuple(tried))
+    return EngineProbe(None, tuple(tried))
+
+
+def build_tag(task_id: str, environment_digest: str) -> str:
+    """The image an environment/ folder is built under: the same folder, the same tag."""
+    name = re.sub(r"[^a-z0-9._-]+", "-", task_id.lower()).strip("._-") or "task"
+    digest = environment_digest.removeprefix("sha256:")[:16]
+    return f"{BUILD_REPOSITORY}/{name}:{digest}"
+
+
+_clients: dict[str, Any] = {}
+_clients_lock = threading.Lock()
+_image_locks: dict[str, threading.Lock] = {}
+
+
+def client_for(engine: str) -> Any:
+    """One docker SDK client per engine, shared by the attempts of this process."""
+    with _clients_lock:
+        client = _clients.get(engine)
+        if client is None:
+            import docker  # the SDK takes about a second to import: only when needed
+
+            # Always a client timeout: an attached call has been seen to hang on Podman.
+            client = docker.DockerClient(base_url=engine, timeout=CLIENT_TIMEOUT)
+            _clients[engine] = client
+        return client
+
+
+def _image_lock(image: str) -> threading.Lock:
+    with _clients_lock:
+        return _image_locks.setdefault(image, threading.Lock())
+
+
+class ImageError(RuntimeError):
+    """The task's image cannot be had (build failed or timed out, pull failed)."""
+
+
+def _api_message(exc: Exception) -> str:
+    explanation = getattr(exc, "explanation", None)
+    return str(explanation or exc).strip()[:800]
+
+
+def ensure_image(plan: ContainerPlan, task_id: str) -> dict[str, Any]:
+    """The image's inspection, after building or pulling it if the engine lacks it."""
+    import docker.errors
+
+    client = client_for(plan.engine)
+    with _image_lock(plan.image):
+        with contextlib.suppress(docker.errors.ImageNotFound):
+            info: dict[str, Any] = client.api.inspect_image(plan.image)
+            return info
+        if plan.build_dir is not None:
+            _build(plan, task_id)
+        else:
+            _pull(plan)
+        info = client.api.inspect_image(plan.image)
+        return info
+
+
+def _build(plan: ContainerPlan, task_id: str) -> None:
+    import docker
+    import docker.errors
+    import requests.exceptions
+
+    assert plan.build_dir is not None
+    where = f"{plan.build_dir}/Dockerfile"
+    deadline = time.monotonic() + plan.build_timeout_sec
+    log: deque[str] = deque(maxlen=25)
+    # Its own client: the read timeout is the build's whole allowance.
+    api = docker.APIClient(base_url=plan.engine, timeout=plan.build_timeout_sec)
+    try:
+        for chunk in api.build(
+            path=plan.build_dir,
+            tag=plan.image,
+            rm=True,
+            forcerm=True,
+            pull=False,  # FROM images come from the engine's store when present
+            decode=True,
+            labels={f"{LABEL}.task-id": task_id},
+        ):
+            if "stream" in chunk:
+                log.extend(str(chunk["stream"]).rstrip("\n").splitlines())
+            if "error" in chunk:
+                tail = "\n".join(log)
+                raise ImageError(f"building {where} failed: {chunk['error']}\n{tail}".strip())
+            if time.monotonic() > deadline:
+                raise ImageError(
+                    f"building {where} took longer than build_timeout_sec "
+                    f"({plan.build_timeout_sec:g}s in task.toml); stopped"
+                )
+    except requests.exceptions.ReadTimeout:
+        raise ImageError(
+            f"building {where} took longer than build_timeout_sec "
+            f"({plan.build_timeout_sec:g}s in task.toml); stopped"
+        ) from None
+    except (docker.errors.APIError, docker.errors.BuildError) as exc:
+        raise ImageError(f"building {where} failed: {_api_message(exc)}") from None
+    finally:
+        api.close()
+    image_builds[plan.image] += 1
+
+
+def _pull(plan: ContainerPlan) -> None:
+    import docker
+    import docker.errors
+    import requests.exceptions
+
+    def failed(why: str) -> ImageError:
+        return ImageError(
+            f"the image {plan.image} (task.toml docker_image) is not in the engine and could "
+            f"not be pulled: {why[:300]}; pull or load it (docker pull / podman load), or "
+            "build it from environment/Dockerfile by removing docker_image"
+        )
+
+    api = docker.APIClient(base_url=plan.engine, timeout=plan.build_timeout_sec)
+    try:
+        repository, tag = _split_reference(plan.image)
+        # Errors come inside the progress stream, with a 200.
+        for event in api.pull(repository, tag=tag, stream=True, decode=True):
+            if isinstance(event, dict) and event.get("error"):
+                raise failed(str(event["error"]))
+        api.inspect_image(plan.image)
+    except (docker.errors.APIError, requests.exceptions.RequestException) as exc:
+        raise failed(_api_message(exc)) from None
+    finally:
+        api.close()
+
+
+def _split_reference(reference: str) -> tuple[str, str | None]:
+    if "@" in reference:
+        return reference, None
+    name, _, tag = reference.rpartition(":")
+    if name and "/" not in tag:
+        return name, tag
+    return reference, "latest"
+
+
+# -- tar archives -------------------------------------------------------------------------
+class _Tar:
+    """A tar archive built in memory (uid/gid 0: what the relay puts in is root's)."""
+
+    def __init__(self) -> None:
+        self.buffer = io.BytesIO()
+        self.archive = tarfile.TarFile(fileobj=self.buffer, mode="w", format=tarfile.PAX_FORMAT)
+        self.empty = True
+
+    def folder(self, name: str, mode: int) -> None:
+        info = tarfile.TarInfo(name.strip("/") + "/")
+        info.type, info.mode, info.mtime = tarfile.DIRTYPE, mode, int(time.time())
+        self.archive.addfile(info)
+        self.empty = False
+
+    def data(self, name: str, content: bytes, mode: int) -> None:
+        info = tarfile.TarInfo(name.strip("/"))
+        info.size, info.mode, info.mtime = len(content), mode, int(time.time())
+        self.archive.addfile(info, io.BytesIO(content))
+        self.empty = False
+
+    def tree(self, source: Path, prefix: str) -> None:
+        """A host folder's content under `prefix` (links kept as links)."""
+        for path in sorted(source.rglob("*")):
+            name = f"{prefix.strip('/')}/{path.relative_to(source).as_posix()}".strip("/")
+            info = self.archive.gettarinfo(str(path), arcname=name)
+            info.uid = info.gid = 0
+            info.uname = info.gname = "root"
+            if info.isreg():
+                with path.open("rb") as handle:
+                    self.archive.addfile(info, handle)
+            elif info.isdir() or info.issym():
+                self.archive.addfile(info)
+            self.empty = False
+
+    def file(self, source: Path, name: str, mode: int) -> None:
+        self.data(name, source.read_bytes(), mode)  # links followed: the program itself
+
+    def bytes(self) -> bytes:
+        self.archive.close()
+        return self.buffer.getvalue()
+
+
+def _safe_members(archive: tarfile.TarFile, strip: int) -> Iterator[tuple[tarfile.TarInfo, str]]:
+    """Regular files and folders with a plain relative name, `strip` leading parts off."""
+    for member in archive:
+        if member.name.startswith("/"):
+            continue
+        parts = PurePosixPath(member.name).parts[strip:]
+        if not parts or ".." in parts:
+            continue
+        if member.isreg() or member.isdir():
+            yield member, "/".join(p for p in parts if p != ".")
+
+
+def extract_into(data: bytes, target: Path, strip: int, limit: int) -> int:
+    """Unpack the files of a tar into `target` (never following or making links)."""
+    written = 0
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as archive:
+        for member, name in _safe_members(archive, strip):
+            if not name:
+                continue
+            path = target / name
+            if member.isdir():
+                path.mkdir(parents=True, exist_ok=True)
+                continue
+            if written + member.size > limit:
+                break
+            source = archive.extractfile(member)
+            if source is None:
+                continue
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+            except OSError:
+                continue  # a name twice, or a file where a folder was: the first one stands
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(source.read())
+            written += member.size
+    return written
+
+
+def _tar_bytes(chunks: Any, limit: int) -> bytes:
+    data = bytearray()
+    for chunk in chunks:
+        data += chunk
+        if len(data) > limit + (1 << 20):
+            break
+    return bytes(data)
+
+
+def _is_root(user: str | None) -> bool:
+    return (user or "").split(":", 1)[0] in ("", "root", "0")
+
+
+# -- the scripts run in the container ------------------------------------------------------
+# The verifier gets its own /tests and /logs/verifier: tmpfs mounts in a mount namespace
+# that a holder process keeps. The holder is made by a privileged exec at start, while
+# the container holds only the image and what the relay uploaded -- never later: a
+# privileged exec after the subject ran would execute binaries the subject could have
+# replaced. The holder then drops to the container's own capabilities, which include
+# CAP_WAKE_ALARM (added for this and harmless); the subject runs with that one dropped
+# from its bounding set, so neither it nor anything it leaves behind may look into the
+# holder's /proc entries (the kernel requires the looker to hold every capability the
+# target holds), while the verifier, an ordinary exec, can chroot into /proc/HOLDER/root
+# and sees the private folders there. Secrets travel in the environment, never in argv.
+MARKER_CAP = 35
+"""CAP_WAKE_ALARM: held by the holder and the verifier, dropped by the subject."""
+
+USER_IDS = r"""
+ids=
+if [ -n "$u" ]; then
+  user=${u%%:*} group=
+  case $u in *:*) group=${u#*:} ;; esac
+  uid=$(id -u "$user" 2>/dev/null) || uid=$user
+  if [ -n "$group" ]; then
+    gid=$(getent group "$group" | cut -d: -f3); [ -n "$gid" ] || gid=$group
+  else
+    gid=$(id -g "$user" 2>/dev/null) || gid=$uid
+  fi
+  case "$uid$gid" in *[!0-9]*) echo "maka-eval: unknown user or group: $u" >&2; exit 126 ;; esac
+  entry=$(getent passwd "$uid")
+  groups=--clear-groups
+  [ -z "$entry" ] || groups=--init-groups
+  home=$(printf '%s' "$entry" | cut -d: -f6)
+  export HOME="${home:-/}"
+  ids="--reuid=$uid --regid=$gid $groups"
+fi
+"""
+
+HOLDER = r"""
+d=$MAKA_EVAL_H_DIR u=$MAKA_EVAL_H_USER
+unset MAKA_EVAL_H_DIR MAKA_EVAL_H_USER
+[ $# = 0 ] || chown -R -- "$u" "$@" >/dev/null 2>&1
+for tool in unshare setpriv chroot mount tar sha256sum sleep stat; do
+  command -v "$tool" >/dev/null 2>&1 || { echo "fail the image has no $tool" >"$d/holder"; exit 0; }
+done
+out=$(unshare -m --propagation private true 2>&1) \
+  || { echo "fail the engine refused a mount namespace: $out" | head -c 300 >"$d/holder"; exit 0; }
+export d
+exec unshare -m --propagation private sh -c '
+  mkdir -p /tests /logs/verifier \
+    && mount -t tmpfs -o mode=0755 maka-tests /tests \
+    && mount -t tmpfs -o mode=0755 maka-verifier /logs/verifier \
+    || { echo "fail cannot mount a tmpfs in the container" >"$d/holder"; exit 0; }
+  hex=0
+  while read -r key value; do [ "$key" = CapBnd: ] && hex=$value; done </proc/1/status
+  caps=-all i=0
+  while [ $i -lt 63 ]; do
+    [ $(( (0x$hex >> i) & 1 )) = 1 ] && caps="$caps,+cap_$i"
+    i=$((i + 1))
+  done
+  echo "ready $$ $(stat -c %d /tests) $(stat -c %d /logs/verifier)" >"$d/holder"
+  unset d
+  exec setpriv --inh-caps=-all --bounding-set="$caps" -- sleep infinity'
+"""
+
+SUBJECT_WRAPPER = (
+    r"""
+u=$MAKA_EVAL_S_USER; unset MAKA_EVAL_S_USER
+"""
+    + USER_IDS
+    + f"""
+exec setpriv $ids --inh-caps=-all --bounding-set=-cap_{MARKER_CAP} -- "$@"
+"""
+)
+
+VERIFIER_WRAPPER = (
+    r"""
+m=$MAKA_EVAL_EXEC_MARKER d=$MAKA_EVAL_V_DIR sum=$MAKA_EVAL_V_SHA u=$MAKA_EVAL_V_USER
+h=$MAKA_EVAL_V_HOLDER w=$MAKA_EVAL_V_WORKDIR
+unset MAKA_EVAL_EXEC_MARKER MAKA_EVAL_V_DIR MAKA_EVAL_V_SHA MAKA_EVAL_V_USER
+unset MAKA_EVAL_V_HOLDER MAKA_EVAL_V_WORKDIR
+say() { printf '\n%s %s\n' "$m" "$*" >&2; }
+fail() { say fail "$*"; exit 202; }
+set -- $h "$@"; h=$1 dt=$2 dl=$3; shift 3
+r=/proc/$h/root
+# The private folders are the holder's tmpfs mounts (their devices): not if the holder
+# was killed, nor if the subject removed the folders they are mounted on.
+private() {
+  [ "$(stat -c %d "$r/tests" 2>/dev/null)" = "$dt" ] \
+    && [ "$(stat -c %d "$r/logs/verifier" 2>/dev/null)" = "$dl" ]
+}
+private || { say tampered "the verifier's private folders were taken away"; exit 201; }
+left=$(ls -A /logs/verifier 2>/dev/null | head -n 20 | tr '\n' ' ')
+[ -z "$left" ] || { say stale "$left"; find /logs/verifier -mindepth 1 -delete 2>/dev/null; }
+cp "$d/tests.tar" "$r/tests/.maka-tests.tar" || fail "the tests were not uploaded"
+rm -f "$d/tests.tar"
+printf '%s  %s\n' "$sum" "$r/tests/.maka-tests.tar" | sha256sum -c --status - \
+  || { say tampered "the tests changed between upload and use"; exit 201; }
+tar -xf "$r/tests/.maka-tests.tar" -C "$r/tests" && rm -f "$r/tests/.maka-tests.tar" \
+  || fail "cannot unpack the tests"
+"""
+    + USER_IDS
+    + r"""
+[ -z "$ids" ] || chown "$uid:$gid" "$r/logs/verifier"
+say ready
+chroot "$r" setpriv $ids --inh-caps=-all -- sh -c 'cd "$1" 2>/dev/null; shift; exec "$@"' \
+  maka-verifier "$w" "$@"
+rc=$?
+private || { say tampered "the verifier's private folders were taken away as it ran"; exit 201; }
+tar -C "$r/logs/verifier" -cf "$d/verifier.tar" . || fail "cannot pack /logs/verifier"
+set -- $(sha256sum "$d/verifier.tar")
+say done "$1"
+late=$(ls -A /logs/verifier 2>/dev/null | head -n 20 | tr '\n' ' ')
+[ -z "$late" ] || say decoy "$late"
+exit $rc
+"""
+)
+
+SHARED_VERIFIER_SETUP = r"""
+d=$1 sum=$2
+left=$(ls -A /logs/verifier 2>/dev/null | head -n 20 | tr '\n' ' ')
+[ -z "$left" ] || echo "stale $left"
+rm -rf /tests /logs/verifier && mkdir -p /tests /logs/verifier && chmod 0777 /logs/verifier \
+  || { echo "fail cannot make /tests and /logs/verifier"; exit 0; }
+if command -v sha256sum >/dev/null 2>&1; then
+  printf '%s  %s\n' "$sum" "$d/tests.tar" | sha256sum -c --status - \
+    || { echo "tampered the tests changed between upload and use"; exit 0; }
+fi
+tar -xf "$d/tests.tar" -C /tests && rm -f "$d/tests.tar" || echo "fail cannot unpack the tests"
+"""
+
+# Everything but PID 1, this script and the holder: frozen first (nothing forks away
+# while the list is walked), then killed.
+QUIESCE = r"""
+h=$1
+kill -STOP -1 2>/dev/null
+for p in /proc/[0-9]*; do
+  p=${p#/proc/}
+  [ "$p" = $$ ] || [ "$p" = 1 ] || [ "$p" = "$h" ] || kill -KILL "$p" 2>/dev/null
+done
+[ -z "$h" ] || kill -CONT "$h" 2>/dev/null
+true
+"""
+HOLDER_TIMEOUT = 15.0
+
+
+# -- the sandbox --------------------------------------------------------------------------
+class ContainerSandbox:
+    """One attempt in one container of the task's image (see the module docstring)."""
+
+    isolation = Isolation.CONTAINER
+
+    def __init__(
+        self,
+        supervisor: ProcessSupervisor,
+        attempt_id: str,
+        layout: Layout,
+        plan: ContainerPlan,
+        *,
+        task_id: str,
+        labels: Mapping[str, str] | None = None,
+    ) -> None:
+        self.supervisor = supervisor
+        self.attempt_id = attempt_id
+        self.layout = layout
+        self.plan = plan
+        self.task_id = task_id
+        self.labels = {f"{LABEL}.attempt-id": attempt_id, f"{LABEL}.task-id": task_id}
+        self.labels.update({f"{LABEL}.{k}": v for k, v in (labels or {}).items()})
+        self.notes: list[str] = []
+        self.container_id: str | None = None
+        self.workdir = plan.workdir or DEFAULT_WORKDIR
+        self.image_user = ""
+        self.private_view: str | None = "the container was not started"
+        """Why the verifier cannot have private folders here (None: it has them)."""
+        self._holder: str | None = None
+        """The holder's pid and the devices of its /tests and /logs/verifier mounts."""
+        self._phases: dict[int, tuple[Phase, str | None, str | None]] = {}
+        """helper pid -> (phase, the verifier's upload folder, its reports file)."""
+        self._client: Any = None
+        self._paths: dict[str, str] = {}
+        self._program = f"{PROGRAM_DIR}/{Path(plan.program).name}" if plan.program else None
+
+    # -- paths ------------------------------------------------------------------------
+    def _mapping(self) -> dict[str, str]:
+        lay = self.layout
+        paths = {
+            lay.workspace: self.workdir,
+            lay.instruction: INSTRUCTION_PATH,
+            lay.agent_logs: Layout.AGENT_LOGS_PATH,
+            lay.tests: Layout.TESTS_PATH,
+            lay.verifier_logs: Layout.VERIFIER_LOGS_PATH,
+            **dict(lay.subject_dirs),
+        }
+        if lay.frame_dir is not None:
+            paths[lay.frame_dir] = FRAME_DIR
+        if self.plan.program and self._program:
+            paths[self.plan.program] = self._program
+        return paths
+
+    def path_of(self, phase: Phase, host_path: str) -> str:
+        """Harbor's path for a folder of the layout (or a file in one)."""
+        if not self._paths:
+            self._paths = self._mapping()
+        if host_path in self._paths:
+            return self._paths[host_path]
+        for host, inside in self._paths.items():
+            if host_path.startswith(host.rstrip("/") + "/"):
+                return inside.rstrip("/") + host_path[len(host.rstrip("/")) :]
+        return host_path
+
+    # -- the container ----------------------------------------------------------------
+    def start(self) -> None:
+        import docker.errors
+        import docker.types
+
+        plan = self.plan
+        image = ensure_image(plan, self.task_id)
+        config = image.get("Config") or {}
+        self.workdir = plan.workdir or config.get("WorkingDir") or DEFAULT_WORKDIR
+        self.image_user = str(config.get("User") or "")
+        self._paths = self._mapping()
+        client = self._client = client_for(plan.engine)
+        kwargs: dict[str, Any] = {
+            # PID 1 only sleeps: quiescing spares it, and SIGKILL stops it at once (a
+            # sleeping PID 1 ignores SIGTERM: about 10 s per stop).
+            "entrypoint": ["sleep"],
+            "command": ["infinity"],
+            "stop_signal": "SIGKILL",
+            "cap_add": ["WAKE_ALARM"],
+            "working_dir": self.workdir,
+            # The attempt's own /tmp, in memory (charged to its memory limit) and capped:
+            # filling it hurts no one else and not the engine's disk.
+            "tmpfs": {"/tmp": f"rw,nosuid,nodev,mode=1777,size={TMP_BYTES}"},
+            "labels": self.labels,
+            "environment": dict(plan.env),
+            "name": "maka-eval-" + hashlib.sha256(self.attempt_id.encode()).hexdigest()[:16],
+            "detach": True,
+        }
+        if plan.network == "no-network":
+            kwargs["network_mode"] = "none"
+        if plan.cpus:
+            kwargs["nano_cpus"] = int(plan.cpus * 1e9)
+        if plan.memory_mb:
+            kwargs["mem_limit"] = kwargs["memswap_limit"] = f"{plan.memory_mb}m"
+        if plan.gpus:
+            kwargs["device_requests"] = [
+                docker.types.DeviceRequest(count=plan.gpus, capabilities=[["gpu"]])
+            ]
+        if plan.storage_mb:
+            kwargs["storage_opt"] = {"size": f"{plan.storage_mb}m"}
+        try:
+            container = client.containers.create(plan.image, **kwargs)
+        except docker.errors.APIError as exc:
+            if "storage_opt" not in kwargs or "storage" not in _api_message(exc).lower():
+                raise OSError(f"cannot create the container: {_api_message(exc)}") from None
+            # A disk quota needs e.g. overlay on xfs with pquota: run without, and say so.
+            del kwargs["storage_opt"]
+            why = _api_message(exc).splitlines()[-1].rsplit(": ", 1)[-1].strip('")')
+            self.notes.append(f"storage_mb={plan.storage_mb} was not enforced: {why[:200]}")
+            container = client.containers.create(plan.image, **kwargs)
+        self.container_id = container.id
+        try:
+            container.start()
+        except docker.errors.APIError as exc:
+            raise OSError(f"cannot start the container: {_api_message(exc)}") from None
+        uploaded = self._upload_workspace()
+        self._start_holder(uploaded)
+
+    def _upload_workspace(self) -> list[str]:
+        """The instruction, Harbor's log folders and the workspace; the paths put into
+        the workdir."""
+        lay = self.layout
+        tar = _Tar()
+        tar.folder("maka", 0o755)
+        tar.folder(PROGRAM_DIR, 0o755)
+        tar.data(INSTRUCTION_PATH, Path(lay.instruction).read_bytes(), 0o644)
+        if lay.frame_dir is not None:
+            tar.folder(FRAME_DIR, 0o777)
+        tar.folder("logs", 0o755)
+        tar.folder(Layout.AGENT_LOGS_PATH, 0o777)
+        workspace = Path(lay.workspace)
+        tar.tree(workspace, self.workdir)
+        self._put("/", tar.bytes())
+        return [f"{self.workdir.rstrip('/')}/{p.name}" for p in sorted(workspace.iterdir())]
+
+    def _start_holder(self, uploaded: list[str]) -> None:
+        """The verifier's private folders, made while the container is still pristine;
+        the workspace handed to a non-root agent user on the way."""
+        box = f"/maka/.h-{secrets.token_hex(16)}"
+        tar = _Tar()
+        tar.folder(box, 0o700)
+        self._put("/", tar.bytes())
+        agent = self.plan.agent_user or self.image_user
+        env = {"MAKA_EVAL_H_DIR": box, "MAKA_EVAL_H_USER": agent}
+        owned = uploaded if uploaded and not _is_root(agent) else []
+        argv = ["sh", "-c", HOLDER, "maka-holder", *owned]
+        api = self._client.api
+        try:
+            created = api.exec_create(
+                self.container_id, argv, user="0", privileged=True, environment=env, workdir="/"
+            )
+            api.exec_start(created["Id"], detach=True)
+        except Exception as exc:  # an engine that refuses privileged execs
+            self.private_view = f"the engine refused a privileged exec: {_api_message(exc)}"
+            return
+        deadline = time.monotonic() + HOLDER_TIMEOUT
+        while time.monotonic() < deadline:
+            data = self._get(f"{box}/holder", 4096)
+            found = _inner_file(data, 4096) if data else None
+            answer = (found or b"").decode(errors="replace").strip()
+            if answer.startswith("ready ") and len(answer.split()) == 4:
+                self._holder = answer.removeprefix("ready ")
+                self.private_view = None
+                return
+            if answer.startswith("fail "):
+                self.private_view = answer.removeprefix("fail ")[:300]
+                return
+            time.sleep(0.01)
+        self.private_view = f"the holder did not start in {HOLDER_TIMEOUT:g}s"
+
+    def _put(self, path: str, data: bytes) -> None:
+        import docker.errors
+
+        try:
+            self._client.api.put_archive(self.container_id, path, data)
+        except docker.errors.APIError as exc:
+            raise OSError(f"cannot upload into the container: {_api_message(exc)}") from None
+
+    def _get(self, path: str, limit: int) -> bytes | None:
+        import docker.errors
+
+        try:
+            stream, _ = self._client.api.get_archive(self.container_id, path)
+        except docker.errors.NotFound:
+            return None
+        return _tar_bytes(stream, limit)
+
+    def _run_root(self, argv: Sequence[str]) -> tuple[int, bytes]:
+        """Run a short program as root, waiting for it: exit code and stdout."""
+        import docker.errors
+
+        api = self._client.api
+        try:
+            created = api.exec_create(self.container_id, list(argv), user="0", workdir="/")
+            out, _ = api.exec_start(created["Id"], demux=True)
+            code = api.exec_inspect(created["Id"]).get("ExitCode")
+        except docker.errors.APIError as exc:
+            return 255, _api_message(exc).encode()
+        return (code if isinstance(code, int) else 255), out or b""
+
+    # -- programs ---------------------------------------------------------------------
+    def spawn(
+        self,
+        phase: Phase,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str],
+        cwd: str,
+        stdout: IO[bytes] | int,
+        stderr: IO[bytes] | int,
+    ) -> subprocess.Popen[bytes]:
+        if self.container_id is None:
+            raise OSError(f"the {phase.value}'s container is not running")
+        inside = {k: v for k, v in env.items() if k not in HOST_ONLY_ENV}
+        if phase is Phase.VERIFIER:
+            return self._spawn_verifier(argv, inside, cwd, stdout, stderr)
+        self._upload_subject_files()
+        if self.private_view is None:
+            # Without the one capability that lets a process look into the holder.
+            user = self.plan.agent_user or self.image_user
+            wrapped = ["sh", "-c", SUBJECT_WRAPPER, "maka-subject", *argv]
+            env_user = {**inside, "MAKA_EVAL_S_USER": "" if _is_root(user) else user}
+            exec_id = self._exec(wrapped, user="0", env=env_user, cwd=cwd)
+        else:
+            exec_id = self._exec(argv, user=self.plan.agent_user, env=inside, cwd=cwd)
+        return self._helper(phase, exec_id, stdout, stderr)
+
+    def _upload_subject_files(self) -> None:
+        """/solution (the oracle's) and the subject's own program, now and not before."""
+        tar = _Tar()
+        for host, inside in self.layout.subject_dirs.items():
+            tar.folder(inside, 0o755)
+            tar.tree(Path(host), inside)
+        if self.plan.program and self._program:
+            tar.file(Path(self.plan.program), self._program, 0o755)
+        if not tar.empty:
+            self._put("/", tar.bytes())
+
+    def _exec(
+        self, argv: Sequence[str], *, user: str | None, env: Mapping[str, str], cwd: str
+    ) -> str:
+        import docker.errors
+
+        try:
+            created = self._client.api.exec_create(
+                self.container_id, list(argv), environment=dict(env), workdir=cwd, user=user or ""
+            )
+        except docker.errors.APIError as exc:
+            raise OSError(f"the engine refused to run {argv[0]!r}: {_api_message(exc)}") from None
+        return str(created["Id"])
+
+    def _helper(
+        self,
+        phase: Phase,
+        exec_id: str,
+        stdout: IO[bytes] | int,
+        stderr: IO[bytes] | int,
+        *,
+        marker: str | None = None,
+        box: str | None = None,
+    ) -> subprocess.Popen[bytes]:
+        argv = [sys.executable, "-m", "maka_eval.sandbox.exec"]
+        argv += ["--engine", self.plan.engine, "--exec", exec_id]
+        reports: str | None = None
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), ATTEMPT_MARKER: self.attempt_id}
+        if marker is not None:
+            reports = str(Path(self.layout.verifier_logs).parent / f"reports-{exec_id[:16]}")
+            argv += ["--status", reports]
+            env[exec_helper.MARKER_VARIABLE] = marker
+        proc = self.supervisor.spawn(argv, cwd="/", env=env, stdout=stdout, stderr=stderr)
+        self._phases[proc.pid] = (phase, box, reports)
+        return proc
+
+    def _spawn_verifier(
+        self,
+        argv: Sequence[str],
+        env: Mapping[str, str],
+        cwd: str,
+        stdout: IO[bytes] | int,
+        stderr: IO[bytes] | int,
+    ) -> subprocess.Popen[bytes]:
+        box = f"/maka/.v-{secrets.token_hex(16)}"
+        tests = _Tar()
+        tests.tree(Path(self.layout.tests), "")
+        payload = tests.bytes()
+        digest = hashlib.sha256(payload).hexdigest()
+        upload = _Tar()
+        upload.folder(box, 0o700)
+        upload.data(f"{box}/tests.tar", payload, 0o600)
+        self._put("/", upload.bytes())
+        user = self.plan.verifier_user or self.image_user
+        if self.private_view is None:
+            marker = secrets.token_hex(16)
+            secret_env = {
+                **env,
+                exec_helper.MARKER_VARIABLE: marker,
+                "MAKA_EVAL_V_DIR": box,
+                "MAKA_EVAL_V_SHA": digest,
+                "MAKA_EVAL_V_USER": "" if _is_root(user) else user,
+                "MAKA_EVAL_V_HOLDER": str(self._holder),
+                "MAKA_EVAL_V_WORKDIR": cwd,
+            }
+            wrapper = ["sh", "-c", VERIFIER_WRAPPER, "maka-verifier", *argv]
+            exec_id = self._exec(wrapper, user="0", env=secret_env, cwd=cwd)
+            return self._helper(Phase.VERIFIER, exec_id, stdout, stderr, marker=marker, box=box)
+        # No private folders here: fresh shared ones, then the plain verifier.
+        _, out = self._run_root(["sh", "-c", SHARED_VERIFIER_SETUP, "maka-setup", box, digest])
+        self._take_reports(out.decode(errors="replace").splitlines())
+        self.notes.append(
+            "the verifier ran without a private /tests and /logs/verifier "
+            f"({self.private_view}): processes the subject left running could reach them"
+        )
+        exec_id = self._exec(argv, user=self.plan.verifier_user, env=env, cwd=cwd)
+        return self._helper(Phase.VERIFIER, exec_id, stdout, stderr, box=box)
+
+    def _take_reports(self, lines: Sequence[str]) -> str | None:
+        """Turn the wrapper's reports into notes; the digest of what the verifier wrote."""
+        done: str | None = None
+        for line in lines:
+            word, _, rest = line.strip().partition(" ")
+            rest = rest.strip()
+            if word == "stale":
+                self.notes.append(
+                    f"suspected tampering: /logs/verifier held {rest} when the subject ended; "
+                    "discarded, never read"
+                )
+            elif word == "decoy":
+                self.notes.append(
+                    f"suspected tampering: something the subject left running wrote {rest} "
+                    "to /logs/verifier while the verifier ran; not read (the verifier "
+                    "wrote to its own)"
+                )
+            elif word == "tampered":
+                self.notes.append(f"suspected tampering: {rest}; the verifier did not run")
+            elif word == "fail":
+                self.notes.append(f"the verifier could not be set up in the container: {rest}")
+            elif word == "done":
+                done = rest
+        return done
+
+    # -- waiting and ending -----------------------------------------------------------
+    def wait(
+        self,
+        proc: subprocess.Popen[bytes],
+        timeout: float,
+        cancel: CancelToken,
+        captures: Sequence[OutputCapture] = (),
+    ) -> WaitEnd:
+        return self.supervisor.wait(proc, timeout, cancel, captures)
+
+    def release(self, proc: subprocess.Popen[bytes]) -> int:
+        code = self.supervisor.release(proc)
+        phase, box, reports = self._phases.pop(proc.pid, (Phase.SUBJECT, None, None))
+        if self.container_id is None:
+            return code
+        if phase is Phase.SUBJECT:
+            self._download_frame()
+        elif reports is not None:
+            self._collect_private(box, reports)
+        else:
+            self._collect_shared()
+        return code
+
+    def _download_frame(self) -> None:
+        if self.layout.frame_dir is None:
+            return
+        data = self._get(f"{FRAME_DIR}/result.json", MAX_FRAME_BYTES)
+        if data:
+            with contextlib.suppress(tarfile.TarError, OSError):
+                extract_into(data, Path(self.layout.frame_dir), 0, MAX_FRAME_BYTES)
+
+    def _collect_private(self, box: str | None, reports: str) -> None:
+        try:
+            lines = Path(reports).read_text(errors="replace").splitlines()
+        except OSError:
+            lines = []
+        done = self._take_reports(lines)
+        if done is None or box is None:
+            return
+        data = self._get(f"{box}/verifier.tar", MAX_VERIFIER_BYTES)
+        inner = _inner_file(data, MAX_VERIFIER_BYTES) if data else None
+        if inner is None or hashlib.sha256(inner).hexdigest() != done:
+            self.notes.append(
+                "suspected tampering: what the verifier wrote was changed before the relay "
+                "read it; not read"
+            )
+            return
+        with contextlib.suppress(tarfile.TarError, OSError):
+            extract_into(inner, Path(self.layout.verifier_logs), 0, MAX_VERIFIER_BYTES)
+
+    def _collect_shared(self) -> None:
+        data = self._get(Layout.VERIFIER_LOGS_PATH, MAX_VERIFIER_BYTES)
+        if data:
+            with contextlib.suppress(tarfile.TarError, OSError):
+                extract_into(data, Path(self.layout.verifier_logs), 1, MAX_VERIFIER_BYTES)
+
+    def quiesce(self, phase: Phase, proc: subprocess.Popen[bytes]) -> None:
+        """Kill the helper, then every process in the container but PID 1 and the
+        verifier's holder."""
+        self.supervisor.quiesce([proc.pid], self.attempt_id)
+        if self.container_id is not None:
+            holder = self._holder.split()[0] if self._holder is not None else ""
+            self._run_root(["sh", "-c", QUIESCE, "maka-quiesce", holder])
+
+    def processes(self) -> list[int]:
+        return sorted(self.supervisor.members([], self.attempt_id))
+
+    def stop(self) -> None:
+        """Remove the container (its processes die with it) and end the helpers."""
+        try:
+            if self.container_id is not None:
+                import docker.errors
+
+                with contextlib.suppress(docker.errors.NotFound):
+                    self._client.api.remove_container(self.container_id, force=True, v=True)
+                self.container_id = None
+        finally:
+            self.supervisor.end_attempt(self.attempt_id)
+
+
+def _inner_file(data: bytes, limit: int) -> bytes | None:
+    """The one regular file a get_archive of a file holds."""
+    with (
+        contextlib.suppress(tarfile.TarError),
+        tarfile.open(fileobj=io.BytesIO(data), mode="r:") as archive,
+    ):
+        for member in archive:
+            if member.isreg() and member.size <= limit:
+                handle = archive.extractfile(member)
+                return handle.read() if handle is not None else None
+    return None
+
+
+def leftover_containers(engine: str, run_id: str | None = None) -> list[str]:
+    """Ids of the containers maka-eval made (for one run) that still exist."""
+    label = f"{LABEL}.run-id={run_id}" if run_id else f"{LABEL}.attempt-id"
+    filters = urllib.parse.quote(json.dumps({"label": [label]}))
+    status, found = exec_helper.request(engine, "GET", f"/containers/json?all=1&filters={filters}")
+    if status != 200 or not isinstance(found, list):
+        return []
+    return [str(c.get("Id")) for c in found]
+
+
+def remove_leftovers(engine: str, run_id: str) -> int:
+    """Remove the containers a writer of this run left when it died (their PID 1 sleeps
+    forever); how many. Only the run's writer, holding its lock, may call this."""
+    removed = 0
+    for container_id in leftover_containers(engine, run_id):
+        with contextlib.suppress(OSError):
+            status, _ = exec_helper.request(
+                engine, "DELETE", f"/containers/{container_id}?force=1&v=1"
+            )
+            removed += status in (200, 204)
+    return removed
+
+
+__all__ = [
+    "ContainerSandbox",
+    "EngineInfo",
+    "EngineProbe",
+    "ImageError",
+    "build_tag",
+    "engine_info",
+    "ensure_image",
+    "image_builds",
+    "leftover_containers",
+    "remove_leftovers",
+]
