@@ -243,7 +243,7 @@ class Controller:
     # -- cells ---------------------------------------------------------------------------
     def _ensure_cells(self, view: ExperimentView, ref: ExperimentRef, expansion: Expansion) -> None:
         missing = [
-            cell_object(ref, cell)
+            cell
             for cell in expansion.cells
             if names.cell_name(ref.name, ref.uid, cell.task_id, cell.repetition, cell.subject_id)
             not in view.cells
@@ -251,17 +251,24 @@ class Controller:
         if not missing:
             return
 
-        def create(obj: dict[str, Any]) -> dict[str, Any] | None:
+        # A first pass creates every Cell (10,000 in bench/operator_scale.py): each body is
+        # made when it is sent, and the view keeps the store's compact copy of the answer,
+        # so that the pass never holds them all in full.
+        def create(cell: Cell) -> dict[str, Any] | None:
+            obj = cell_object(ref, cell)
+            created: dict[str, Any] | None
             try:
-                return self.cluster.create("Cell", ref.namespace, obj)
+                created = self.cluster.create("Cell", ref.namespace, obj)
             except AlreadyExists:
-                return self.cluster.get("Cell", ref.namespace, obj["metadata"]["name"])
+                created = self.cluster.get("Cell", ref.namespace, obj["metadata"]["name"])
+            if created is None:
+                return None
+            created.setdefault("kind", "Cell")
+            return self.store.record("Cell", created)
 
-        for created in self.pool.map(create, missing):
-            if created is not None:
-                created.setdefault("kind", "Cell")
-                self.store.put("Cell", created)
-                view.cells[created["metadata"]["name"]] = created
+        for held in self.pool.map(create, missing):
+            if held is not None:
+                view.cells[held["metadata"]["name"]] = held
 
     # -- results -------------------------------------------------------------------------
     def _kernel(self, attempt: Mapping[str, Any]) -> ResultKernel | None:
