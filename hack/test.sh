@@ -11,6 +11,11 @@ if [ "$(id -u)" = 0 ] && ! command -v bwrap >/dev/null; then
     apt-get install -y -q bubblewrap >/dev/null 2>&1 \
         || { apt-get update -q >/dev/null && apt-get install -y -q bubblewrap >/dev/null; }
 fi
+if [ "$(id -u)" = 0 ] && ! command -v chromium >/dev/null; then
+    # The report's plots are checked in a real browser (headless Chromium).
+    apt-get install -y -q chromium >/dev/null 2>&1 \
+        || { apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null; }
+fi
 python3 -m venv .venv
 .venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[test]'
 .venv/bin/ruff check .
