@@ -31,10 +31,12 @@ FROZEN_STATES = frozenset({"T", "t"})
 
 @dataclass(frozen=True)
 class ProcInfo:
-    """One line of the process table: the parent and the state letter of /proc/PID/stat."""
+    """One line of the process table: the parent, the state letter and the session of
+    /proc/PID/stat."""
 
     ppid: int
     state: str
+    session: int = 0
 
 
 def read(path: str, limit: int = 4096) -> bytes | None:
@@ -52,10 +54,14 @@ def read(path: str, limit: int = 4096) -> bytes | None:
 
 
 def parse_stat(raw: bytes) -> ProcInfo | None:
-    """Parent and state from the content of /proc/PID/stat."""
+    """Parent, state and session from the content of /proc/PID/stat."""
     # The command name is in parentheses and may itself contain ') '.
-    fields = raw[raw.rfind(b")") + 2 :].split(maxsplit=2)
-    return ProcInfo(int(fields[1]), fields[0].decode()) if len(fields) >= 2 else None
+    # After it: state ppid pgrp session ...
+    fields = raw[raw.rfind(b")") + 2 :].split(maxsplit=4)
+    if len(fields) < 2:
+        return None
+    session = int(fields[3]) if len(fields) >= 4 else 0
+    return ProcInfo(int(fields[1]), fields[0].decode(), session)
 
 
 def snapshot() -> dict[int, ProcInfo]:

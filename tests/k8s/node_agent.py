@@ -283,6 +283,9 @@ class NodeAgent:
             "--unshare-uts",
             "--tmpfs",
             "/",
+            # /tmp first: a checkout under /tmp (extra_ro) is bound over it, not hidden.
+            "--tmpfs",
+            "/tmp",
         ]
         for base in BASE_DIRS:
             argv += ["--ro-bind", base, base]
@@ -290,7 +293,7 @@ class NodeAgent:
             argv += ["--symlink", target, link]
         for path in self.extra_ro:
             argv += ["--ro-bind", str(path), str(path)]
-        argv += ["--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp", "--dir", "/root"]
+        argv += ["--dev", "/dev", "--proc", "/proc", "--dir", "/root"]
         for inside, outside in overlays.items():
             argv += ["--ro-bind", str(outside), inside]
         for mount in container.volume_mounts or ():

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
 import threading
 import time
 import urllib.request
@@ -152,3 +154,36 @@ def test_exclusive_supervisor_owns_orphans_without_the_marker(plan_for, tmp_path
     run_attempt(plan, supervisor, CancelToken(), {"PATH": "/usr/bin:/bin"})
     lost = int((Path(plan.root) / "workspace" / "pid.lost").read_text())
     assert not alive(lost)
+
+
+def test_the_end_of_a_run_kills_attempt_orphans_and_leaves_the_host_programs_alone(tmp_path):
+    """A program embedding the local executor is a subreaper for its whole life: it may
+    adopt a service of its own (a script's background daemon, like a container engine's
+    API service). quiesce_adopted() kills only what came from attempts."""
+    from maka_eval.relay.processes import ProcessSupervisor
+
+    supervisor = ProcessSupervisor()
+    assert supervisor.subreaper
+    # The host's own daemon: started by a script that exits, so it is re-parented to us.
+    subprocess.run(
+        ["sh", "-c", f"setsid sleep 1007 </dev/null >/dev/null 2>&1 & echo $! > {tmp_path}/host"],
+        check=True,
+    )
+    host = int((tmp_path / "host").read_text())
+    # An attempt's orphan that dropped the marker (env -i) but is still in its session.
+    attempt = supervisor.spawn(
+        ["sh", "-c", f"env -i /bin/sleep 1008 & echo $! > {tmp_path}/lost"],
+        cwd=str(tmp_path),
+        env={"PATH": "/usr/bin:/bin", "MAKA_EVAL_ATTEMPT_ID": "a1"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    supervisor.release(attempt)
+    lost = int((tmp_path / "lost").read_text())
+    try:
+        assert supervisor.quiesce_adopted() == 1
+        assert not alive(lost)
+        assert alive(host)
+    finally:
+        os.kill(host, signal.SIGKILL)
+        os.waitpid(host, 0)

@@ -33,6 +33,7 @@ from maka_eval.process_table import ATTEMPT_MARKER, HAS_PROC
 from maka_eval.process_table import ProcInfo as _ProcInfo
 from maka_eval.process_table import alive as _alive
 from maka_eval.process_table import carries as _carries
+from maka_eval.process_table import environ as _environ
 from maka_eval.process_table import read as _read
 from maka_eval.process_table import snapshot as _snapshot
 from maka_eval.process_table import stat as _stat
@@ -113,6 +114,9 @@ class ProcessSupervisor:
         self.subreaper = become_subreaper()
         self._lock = threading.Lock()
         self._managed: set[int] = set()
+        # Every program spawn() started leads its own session; an orphan still in one of
+        # these sessions came from an attempt even if it dropped the marker (env -i).
+        self._sessions: set[int] = set()
 
     # -- starting and waiting -------------------------------------------------------
     def spawn(
@@ -137,6 +141,7 @@ class ProcessSupervisor:
                 close_fds=True,
             )
             self._managed.add(proc.pid)
+            self._sessions.add(proc.pid)
         return proc
 
     def wait(
@@ -305,16 +310,28 @@ class ProcessSupervisor:
         return False
 
     def quiesce_adopted(self, timeout: float = 10.0) -> int:
-        """Kill every orphan we adopted that no running attempt owns (end of a run)."""
+        """Kill every orphan of an attempt we adopted that no running attempt owns (end
+        of a run): one in a session an attempt's program began, or carrying an attempt
+        marker. Other orphans are left alone: a program that embeds the local executor
+        may adopt its own (a service a script started in the background), and those are
+        not the run's to kill."""
         if not (_HAS_PROC and self.subreaper):
             return 0
         with self._lock:
             managed = set(self._managed)
+            sessions = set(self._sessions)
         table = _snapshot()
+        prefix = f"{MARKER_VARIABLE}=".encode()
         roots = [
             pid
             for pid, info in table.items()
-            if info.ppid == self.pid and pid not in managed and info.state != "Z"
+            if info.ppid == self.pid
+            and pid not in managed
+            and info.state != "Z"
+            and (
+                info.session in sessions
+                or any(entry.startswith(prefix) for entry in _environ(pid))
+            )
         ]
         killed = self.quiesce(roots, attempt_id="\0none", timeout=timeout) if roots else 0
         self.reap_orphans()
