@@ -570,7 +570,8 @@ async def test_without_faults_each_object_is_created_once(
     assert api.operator_calls("POST", "cells") == Counter(cells)
     assert api.operator_calls("POST", "attempts") == Counter(attempts)
     assert api.operator_calls("POST", "pods") == Counter(attempts)
-    assert api.operator_calls("PATCH", "attempts", sub="status") == Counter(attempts)
+    # Two status writes per attempt: its launch (the Pod exists) and its result.
+    assert api.operator_calls("PATCH", "attempts", sub="status") == Counter(attempts * 2)
 
 
 async def test_conflict_on_create_is_taken_as_existing(
@@ -647,7 +648,7 @@ async def test_throttled_and_failing_writes_are_retried(
     assert api.operator_calls("POST", "networkpolicies") == expected(attempts, failing_policy)
     assert api.operator_calls("POST", "pods") == expected(attempts, failing_pod)
     assert api.operator_calls("PATCH", "attempts", sub="status") == expected(
-        attempts, failing_result
+        attempts * 2, failing_result
     )
     # Every refused write was followed by a successful one of the same object; no 409:
     # nothing the operator retried had been stored.
@@ -692,7 +693,7 @@ async def test_lost_answers_after_the_write(
     lost = api.operator_calls("PATCH", "attempts", sub="status", status=500)
     assert sum(lost.values()) == 1
     attempts = [names.attempt_name(cell, 1) for cell in cells]
-    assert api.operator_calls("PATCH", "attempts", sub="status") == Counter(attempts) + lost
+    assert api.operator_calls("PATCH", "attempts", sub="status") == Counter(attempts * 2) + lost
 
 
 @pytest.mark.parametrize("how", ["eof", "gone", "reset"])
@@ -733,7 +734,8 @@ async def test_dropped_watches_are_resumed(
     assert_end_state(api, cells)
     assert_no_failed_pass(caplog)
     attempts = [before, during, after]
-    # Each result written once: replayed events after the re-watch wrote nothing again.
-    assert api.operator_calls("PATCH", "attempts", sub="status") == Counter(attempts)
+    # Each launch and each result written once: replayed events after the re-watch
+    # wrote nothing again.
+    assert api.operator_calls("PATCH", "attempts", sub="status") == Counter(attempts * 2)
     assert api.operator_calls("POST", "cells") == Counter(cells)
     assert api.operator_calls("POST", "attempts") == Counter(attempts)

@@ -108,6 +108,7 @@ class Operator:
                     str(self.kubeconfig),
                     "--metrics-port",
                     str(self.port),
+                    "-v",
                 ],
                 stdout=out,
                 stderr=subprocess.STDOUT,

@@ -262,3 +262,34 @@ def test_a_pod_the_server_refuses_fails_its_attempt_with_the_servers_words() -> 
         assert result["status"] == "infra_failed"
         assert "refused the attempt's Pod: 403: " in result["reason"]
         assert "exceeded quota" in result["reason"]
+
+
+def test_after_a_restart_a_pod_never_created_is_created_and_a_lost_one_is_retried() -> None:
+    """The operator died between creating an Attempt and its Pod: the next operator
+    creates the Pod for the same attempt. A Pod that was created and is gone (deleted
+    while no operator watched) fails its attempt as infrastructure, and a retry starts."""
+    cluster, _store, controller, _ = setup()
+    controller.reconcile(("ns", "hello"))
+    attempts = sorted(cluster.objects["Attempt"])
+    assert all(cluster.objects["Attempt"][a]["status"]["podName"] == a for a in attempts)
+    never, lost = attempts
+    # `never`: as if the operator had died right after creating the Attempt.
+    del cluster.objects["Pod"][never]
+    del cluster.objects["Attempt"][never]["status"]
+    # `lost`: its Pod was evicted and removed while no operator ran.
+    del cluster.objects["Pod"][lost]
+
+    store = Store()
+    store.put("Experiment", cluster.objects["Experiment"]["hello"])
+    sync(cluster, store)
+    restarted = Controller(cluster, store, clock=lambda: NOW)  # type: ignore[arg-type]
+    before = len(cluster.writes)
+    restarted.reconcile(("ns", "hello"))
+    writes = cluster.writes[before:]
+    assert ("POST", "Pod", never) in writes
+    assert "result" not in cluster.objects["Attempt"][never]["status"]
+    assert cluster.objects["Attempt"][never]["status"]["podName"] == never
+    result = cluster.objects["Attempt"][lost]["status"]["result"]
+    assert result["status"] == "infra_failed" and "gone" in result["reason"]
+    numbers = sorted(a["spec"]["number"] for a in cluster.objects["Attempt"].values())
+    assert numbers == [1, 1, 2]  # one retry, for the lost Pod only

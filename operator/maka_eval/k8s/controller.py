@@ -3,10 +3,16 @@
 The pass reads what the store has observed (watch events, never a periodic LIST), asks
 the engine's `decide()` what to start -- the same function the local executor calls --
 and carries it out with as few writes as the objects allow. Per attempt lifecycle:
-create Attempt, NetworkPolicy and Pod (3), lift the task group's scheduling gate (1,
-only for groups of two or more arms), write the result once into Attempt status (1), and
-the Cell's status (1). The Experiment's status is written once per pass, when it
-changed, so a burst of events costs one write.
+create Attempt, NetworkPolicy and Pod (3), record in Attempt status that its Pod was
+created (1), lift the task group's scheduling gate (1, only for groups of two or more
+arms), write the result once into Attempt status (1), and the Cell's status (1). The
+Experiment's status is written once per pass, when it changed, so a burst of events
+costs one write.
+
+The launch record is what tells, after a restart, an Attempt whose Pod was never
+created (the operator died between the two creates: the Pod is created now) from one
+whose Pod was created and is gone (deleted, evicted, its node lost: an infrastructure
+failure, and a new Attempt).
 
 Everything the pass decides is idempotent: names are deterministic (a second create is
 a harmless 409), the result is written once (the API server refuses a second, different
@@ -76,6 +82,11 @@ class FinishedAttempt:
 
 def _now() -> datetime:
     return datetime.now(UTC)
+
+
+def _launched(attempt: Mapping[str, Any]) -> bool:
+    """Whether the Attempt's status records that its Pod was created."""
+    return bool((attempt.get("status") or {}).get("podName"))
 
 
 def _stamp(moment: datetime) -> str:
@@ -197,6 +208,7 @@ class Controller:
 
         expansion = expand(experiment)
         self._ensure_cells(view, ref, expansion)
+        self._resume_launches(view, ref, experiment, expansion)
         wake = self._collect_results(view, experiment)
         decision, finished, _running, budget = self._decide(view, experiment, expansion, key)
         self._launch(view, ref, experiment, decision, finished)
@@ -297,7 +309,8 @@ class Controller:
                 continue
             pod = view.pods.get(name)
             if pod is None:
-                ended.append((attempt, pod_gone(), None, now, False))
+                if _launched(attempt):
+                    ended.append((attempt, pod_gone(), None, now, False))
                 continue
             end = pod_end(pod, now)
             if end is not None:
@@ -461,31 +474,88 @@ class Controller:
             view.attempts[attempt["metadata"]["name"]] = attempt
             if (attempt.get("status") or {}).get("result"):
                 return
-            for kind, obj in (
-                ("NetworkPolicy", network_policy_object(ref, attempt)),
-                ("Pod", pod_object(ref, experiment, cell, attempt, gated=gated)),
-            ):
-                try:
-                    created = self.cluster.create(kind, ref.namespace, obj)
-                except Rejected as exc:
-                    # Refused for good (a quota, an admission policy): the attempt fails
-                    # as infrastructure, with the server's words, and is retried.
-                    failure = infra_failure(f"the API server refused the attempt's {kind}: {exc}")
-                    self._record(view, attempt, failure, None, self.clock())
-                    return
-                except AlreadyExists:
-                    if kind != "Pod":
-                        continue
-                    found = self.cluster.get("Pod", ref.namespace, obj["metadata"]["name"])
-                    if found is None:
-                        continue
-                    created = found
-                if kind == "Pod":
-                    created.setdefault("kind", "Pod")
-                    self.store.put("Pod", created)
-                    view.pods[created["metadata"]["name"]] = created
+            self._create_pod(view, ref, experiment, cell, attempt, gated=gated)
 
         list(self.pool.map(start, work))
+
+    def _create_pod(
+        self,
+        view: ExperimentView,
+        ref: ExperimentRef,
+        experiment: Experiment,
+        cell: Cell,
+        attempt: dict[str, Any],
+        *,
+        gated: bool,
+    ) -> None:
+        """Create an attempt's NetworkPolicy and Pod, then record the launch."""
+        for kind, obj in (
+            ("NetworkPolicy", network_policy_object(ref, attempt)),
+            ("Pod", pod_object(ref, experiment, cell, attempt, gated=gated)),
+        ):
+            try:
+                created = self.cluster.create(kind, ref.namespace, obj)
+            except Rejected as exc:
+                # Refused for good (a quota, an admission policy): the attempt fails
+                # as infrastructure, with the server's words, and is retried.
+                failure = infra_failure(f"the API server refused the attempt's {kind}: {exc}")
+                self._record(view, attempt, failure, None, self.clock())
+                return
+            except AlreadyExists:
+                if kind != "Pod":
+                    continue
+                found = self.cluster.get("Pod", ref.namespace, obj["metadata"]["name"])
+                if found is None:
+                    continue
+                created = found
+            if kind == "Pod":
+                created.setdefault("kind", "Pod")
+                self.store.put("Pod", created)
+                view.pods[created["metadata"]["name"]] = created
+        self._mark_launched(view, attempt)
+
+    def _mark_launched(self, view: ExperimentView, attempt: Mapping[str, Any]) -> None:
+        """Record in Attempt status that its Pod exists (see the module docstring)."""
+        meta = attempt["metadata"]
+        status = {"phase": "Running", "podName": meta["name"]}
+        try:
+            updated = self.cluster.patch(
+                "Attempt", meta["namespace"], meta["name"], {"status": status}, status=True
+            )
+        except Rejected as exc:
+            if exc.status not in (409, 422):
+                raise
+            return  # the result was written meanwhile: the launch no longer matters
+        updated.setdefault("kind", "Attempt")
+        held = self.store.record("Attempt", updated)
+        view.attempts[meta["name"]] = held
+
+    def _resume_launches(
+        self, view: ExperimentView, ref: ExperimentRef, experiment: Experiment, expansion: Expansion
+    ) -> None:
+        """Finish launches an earlier operator began: an Attempt without a result and
+        without a launch record has its Pod created now (or, if the Pod exists, its launch
+        recorded). Its Pod is not gated: the other arms of its group may be running."""
+        cells = {cell.id: cell for cell in expansion.cells}
+        pending = [
+            attempt
+            for attempt in view.attempts.values()
+            if not (attempt.get("status") or {}).get("result") and not _launched(attempt)
+        ]
+        if not pending:
+            return
+
+        def resume(attempt: dict[str, Any]) -> None:
+            name = attempt["metadata"]["name"]
+            if name in view.pods:
+                self._mark_launched(view, attempt)
+                return
+            cell = cells.get((attempt.get("spec") or {}).get("cellId", ""))
+            if cell is not None:
+                log.info("attempt %s has no Pod yet: creating it", name)
+                self._create_pod(view, ref, experiment, cell, attempt, gated=False)
+
+        list(self.pool.map(resume, pending))
 
     def _lift_gates(self, view: ExperimentView) -> None:
         """Lift the group gate of Pods whose every running arm has its Pod."""
