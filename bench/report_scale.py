@@ -18,7 +18,8 @@ The report is then built in a fresh process (so its peak memory is its own), thr
 `RunDirectorySource` (the store's reader, `read_run`), `summarize_source`, and
 `build_report` with the default 10,000 bootstrap resamples, and written: summary.json
 and cells.csv, then report.html with its four plots, timed separately. Printed: wall
-time per phase, the total with and without the page, and peak memory (ru_maxrss).
+time per phase, the total with and without the page, and peak memory (ru_maxrss), of
+the report's process and of the reader's helper process (a large run is read by two).
 Targets: < 10 s and < 1 GB.
 
     .venv/bin/python bench/report_scale.py                      # synthesize in a temp dir
@@ -208,6 +209,8 @@ def measure(run_dir: Path, out_dir: Path) -> dict[str, float]:
 
     source = RunDirectorySource(run_dir)
     lap("read")
+    helper = resource.getrusage(resource.RUSAGE_CHILDREN)  # the reader's helper process
+    figures["read_helper_cpu"] = helper.ru_utime + helper.ru_stime
     summary = summarize_source(source)
     lap("summarize")
     report = build_report([source], summaries=[summary])
@@ -220,6 +223,7 @@ def measure(run_dir: Path, out_dir: Path) -> dict[str, float]:
     figures["records"] = sum(len(r) for r in source.records().values())
     figures["html_bytes"] = len(page.encode())
     figures["peak_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    figures["helper_peak_mb"] = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
     figures["arms"] = len(report.arms)
     figures["pairs"] = len(report.pairs)
     figures["loss_warnings"] = len(report.loss_warnings)
@@ -264,7 +268,7 @@ def main() -> None:
         f = json.loads(child.stdout.strip().splitlines()[-1])
         phases = ("read", "summarize", "analyse", "write_json_csv")
         without_html = sum(f[p] for p in phases)
-        without_html_cpu = sum(f[p + "_cpu"] for p in phases)
+        without_html_cpu = sum(f[p + "_cpu"] for p in phases) + f["read_helper_cpu"]
         total = without_html + f["html_with_plots"]
         total_cpu = without_html_cpu + f["html_with_plots_cpu"]
 
@@ -272,7 +276,10 @@ def main() -> None:
             return f"{label:<44}{f[key]:7.2f} s wall {f[key + '_cpu']:7.2f} s CPU"
 
         print(f"records read back: {int(f['records']):,}")
-        print(row("read (RunDirectorySource: the store's reader)", "read"))
+        print(
+            row("read (RunDirectorySource: the store's reader)", "read")
+            + f" + {f['read_helper_cpu']:.2f} s CPU in its helper"
+        )
         print(row("summarize (selection, cell states)", "summarize"))
         print(row(f"analyse (bootstrap 10,000 x {int(f['arms'])}+{int(f['pairs'])})", "analyse"))
         print(row("write summary.json + cells.csv", "write_json_csv"))
@@ -282,13 +289,16 @@ def main() -> None:
             f"{without_html_cpu:7.2f} s CPU"
         )
         verdict_time = "PASS" if total < TARGET_SEC else "MISS"
-        verdict_memory = "PASS" if f["peak_mb"] < TARGET_MB else "MISS"
+        # Both processes at their peaks at once: an upper bound of the report's memory.
+        peak_mb = f["peak_mb"] + f["helper_peak_mb"]
+        verdict_memory = "PASS" if peak_mb < TARGET_MB else "MISS"
         print(
             f"{'total with the page':<44}{total:7.2f} s wall {total_cpu:7.2f} s CPU"
             f"  (target < {TARGET_SEC:.0f} s: {verdict_time})"
         )
         print(
-            f"{'peak memory (ru_maxrss)':<44}{f['peak_mb']:7.0f} MB"
+            f"{'peak memory (ru_maxrss): report + helper':<44}{peak_mb:7.0f} MB"
+            f"  = {f['peak_mb']:.0f} + {f['helper_peak_mb']:.0f}"
             f"  (target < {TARGET_MB:.0f} MB: {verdict_memory})"
         )
         print(f"{'loss warnings raised':<44}{int(f['loss_warnings']):7d}")

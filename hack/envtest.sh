@@ -167,6 +167,16 @@ free_port() {
   python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'
 }
 
+# Running: the process exists and is not a zombie. A zombie answers `kill -0` until its
+# parent reaps it; when the parent is a program that adopted the component (a test
+# session that is a child subreaper) that may be never.
+running() {
+  local stat
+  stat="$(cat "/proc/$1/stat" 2>/dev/null)" || return 1
+  stat="${stat##*) }"
+  [[ "${stat%% *}" != Z ]]
+}
+
 pid_alive() {
   # The pid is alive AND still runs the binary we started (pids get reused).
   local name="$1" pid
@@ -389,7 +399,11 @@ stop_components() {
   local deadline=$(( $(date +%s) + 15 )) entry
   for entry in "${pids[@]}"; do
     c="${entry%%:*}"; pid="${entry#*:}"
-    while kill -0 "$pid" 2>/dev/null; do
+    while running "$pid"; do
+      if (( $(date +%s) > deadline + 15 )); then
+        log "$c (pid $pid) is still there after SIGKILL; giving up on it"
+        break
+      fi
       if (( $(date +%s) > deadline )); then
         log "$c (pid $pid) ignored SIGTERM; sending SIGKILL"
         kill -KILL "$pid" 2>/dev/null || true

@@ -3,6 +3,7 @@
 #
 #   hack/kind-up.sh          create the kind cluster (or reuse it), build the images and
 #                            load them into it, install the CRDs, (re)start the operator
+#                            and the egress gateway
 #   hack/kind-up.sh down     delete the cluster
 #
 #   hack/kind-up.sh && hack/e2e.sh
@@ -19,10 +20,8 @@
 #   localhost/maka-eval/relay:0.1.0              images/relay/Dockerfile
 #   localhost/maka-eval/hello:1.0                images/hello-benchmark/Dockerfile
 #   localhost/maka-eval/debian-python:bookworm   images/task-debian-python/Dockerfile
-#   localhost/maka-eval/egress:0.1.0             busybox, a placeholder: no attempt Pod
-#                                                runs it yet (the egress proxy sidecar
-#                                                is not there yet), but every
-#                                                experiment names one
+#   localhost/maka-eval/egress:0.1.0             images/egress/Dockerfile (attempt Pods'
+#                                                egress sidecar and the egress gateway)
 #
 # Settings (environment):
 #   MAKA_EVAL_KIND_CLUSTER   cluster name (default maka-eval; kubectl context kind-<name>)
@@ -36,7 +35,6 @@ CLUSTER="${MAKA_EVAL_KIND_CLUSTER:-maka-eval}"
 CONTEXT="kind-$CLUSTER"
 SYSTEM_NAMESPACE=maka-eval-system
 DEPLOYMENT=maka-eval-operator
-BUSYBOX=busybox:1.36
 KIND_MIN_MINOR=24 # kind v0.24.0: kindnet enforces NetworkPolicy (kube-network-policies)
 
 OPERATOR_IMAGE=localhost/maka-eval/operator:0.1.0
@@ -44,6 +42,7 @@ RELAY_IMAGE=localhost/maka-eval/relay:0.1.0
 BENCHMARK_IMAGE=localhost/maka-eval/hello:1.0
 TASK_IMAGE=localhost/maka-eval/debian-python:bookworm
 EGRESS_IMAGE=localhost/maka-eval/egress:0.1.0
+GATEWAY=maka-eval-egress-gateway
 
 log() { printf '[kind-up] %s\n' "$*" >&2; }
 die() { printf '[kind-up] ERROR: %s\n' "$*" >&2; exit 1; }
@@ -119,10 +118,7 @@ build_images() {
   build "$RELAY_IMAGE" -f "$REPO/images/relay/Dockerfile" "$REPO"
   build "$BENCHMARK_IMAGE" -f "$REPO/images/hello-benchmark/Dockerfile" "$REPO"
   build "$TASK_IMAGE" "$REPO/images/task-debian-python"
-  # The egress proxy image comes with the egress proxy; until then the experiment only
-  # needs the name, so busybox stands in.
-  docker image inspect "$BUSYBOX" >/dev/null 2>&1 || docker pull "$BUSYBOX" >&2
-  docker tag "$BUSYBOX" "$EGRESS_IMAGE"
+  build "$EGRESS_IMAGE" -f "$REPO/images/egress/Dockerfile" "$REPO"
   log "images built in $(since "$t0") s"
 }
 
@@ -148,12 +144,10 @@ load_image() {
 
 load_images() {
   local t0=$SECONDS image
-  for image in "$OPERATOR_IMAGE" "$RELAY_IMAGE" "$BENCHMARK_IMAGE" "$TASK_IMAGE"; do
+  for image in "$OPERATOR_IMAGE" "$RELAY_IMAGE" "$BENCHMARK_IMAGE" "$TASK_IMAGE" "$EGRESS_IMAGE"; do
     load_image "$image" \
       || die "could not load $image into kind cluster $CLUSTER (try: kind load docker-image --name $CLUSTER $image)"
   done
-  # No Pod runs the egress placeholder yet: a failure to load it is only worth a line.
-  load_image "$EGRESS_IMAGE" || log "could not load $EGRESS_IMAGE (unused until the egress proxy exists)"
   log "images loaded into $CLUSTER in $(since "$t0") s"
 }
 
@@ -183,6 +177,24 @@ deploy_operator() {
   log "operator ready in $(since "$t0") s"
 }
 
+# The egress gateway (hack/kind/egress-gateway.yaml) with a random key made once per
+# cluster: attempt credentials are HMACs under it, so it is never in a file.
+deploy_egress_gateway() {
+  local t0=$SECONDS key
+  if ! kc -n "$SYSTEM_NAMESPACE" get secret "$GATEWAY" >/dev/null 2>&1; then
+    key="$(od -An -N32 -tx1 /dev/urandom | tr -d ' \n')"
+    kc -n "$SYSTEM_NAMESPACE" create secret generic "$GATEWAY" --from-literal=key="$key" >&2
+  fi
+  kc apply -f "$HERE/kind/egress-gateway.yaml" >&2
+  kc -n "$SYSTEM_NAMESPACE" rollout restart "deployment/$GATEWAY" >&2
+  if ! kc -n "$SYSTEM_NAMESPACE" rollout status "deployment/$GATEWAY" --timeout=180s >&2; then
+    kc -n "$SYSTEM_NAMESPACE" describe pods -l "app.kubernetes.io/name=$GATEWAY" 2>&1 \
+      | tail -n 40 >&2 || true
+    die "the egress gateway did not become ready in 180 s (its state is above)"
+  fi
+  log "egress gateway ready in $(since "$t0") s"
+}
+
 cmd_up() {
   local t0=$SECONDS
   check_tools
@@ -191,6 +203,7 @@ cmd_up() {
   load_images
   install_crds
   deploy_operator
+  deploy_egress_gateway
   log "up in $(since "$t0") s: kubectl --context $CONTEXT get experiments,cells,attempts -A"
   log "next: hack/e2e.sh"
 }

@@ -11,6 +11,11 @@ if [ "$(id -u)" = 0 ] && ! command -v bwrap >/dev/null; then
     apt-get install -y -q bubblewrap >/dev/null 2>&1 \
         || { apt-get update -q >/dev/null && apt-get install -y -q bubblewrap >/dev/null; }
 fi
+if [ "$(id -u)" = 0 ] && ! command -v nft >/dev/null; then
+    # Each local cell's network namespace gets an nftables policy (egress enforcement).
+    apt-get install -y -q nftables >/dev/null 2>&1 \
+        || { apt-get update -q >/dev/null && apt-get install -y -q nftables >/dev/null; }
+fi
 if [ "$(id -u)" = 0 ] && ! command -v chromium >/dev/null; then
     # The report's plots are checked in a real browser (headless Chromium).
     apt-get install -y -q chromium >/dev/null 2>&1 \

@@ -25,11 +25,15 @@ class NestingError(ValueError):
 
 
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    result: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in result:
-            raise DuplicateKeyError(f"duplicate key '{key}' (a mapping may name a key only once)")
-        result[key] = value
+    result = dict(pairs)
+    if len(result) != len(pairs):  # a key was named twice: find it for the message
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise DuplicateKeyError(
+                    f"duplicate key '{key}' (a mapping may name a key only once)"
+                )
+            seen.add(key)
     return result
 
 
@@ -41,6 +45,12 @@ def _no_constants(name: str) -> Any:
 
 def _keep_constants(name: str) -> float:
     return float(name)
+
+
+# Built once: json.loads with hooks builds a new decoder (and its scanner) on every call,
+# which costs as much as reading a small document (the store reads 100,000 of them).
+_STRICT = json.JSONDecoder(object_pairs_hook=_no_duplicates, parse_constant=_no_constants)
+_NONFINITE = json.JSONDecoder(object_pairs_hook=_no_duplicates, parse_constant=_keep_constants)
 
 
 def depth(value: Any) -> int:
@@ -66,12 +76,14 @@ def loads(text: str | bytes, *, max_depth: int | None = None, allow_nonfinite: b
     `allow_nonfinite` keeps NaN/Infinity as floats for a caller that refuses them itself
     with a better message (the spec loader names their JSON path).
     """
+    if isinstance(text, bytes | bytearray):  # as json.loads decodes bytes
+        text = text.decode(json.detect_encoding(text), "surrogatepass")
+    elif not isinstance(text, str):
+        raise TypeError(f"the JSON object must be str, bytes or bytearray, not {type(text)}")
+    elif text.startswith("\ufeff"):
+        raise json.JSONDecodeError("Unexpected UTF-8 BOM (decode using utf-8-sig)", text, 0)
     try:
-        value = json.loads(
-            text,
-            object_pairs_hook=_no_duplicates,
-            parse_constant=_keep_constants if allow_nonfinite else _no_constants,
-        )
+        value = (_NONFINITE if allow_nonfinite else _STRICT).decode(text)
     except RecursionError:
         if max_depth is not None:
             raise NestingError(

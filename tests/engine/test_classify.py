@@ -26,6 +26,9 @@ REWARD = Verification(0.75)
 NO_REWARD = Verification(None, "neither reward.json nor reward.txt was written")
 WORK = MeteredWork(admitted_requests=3, usage=Usage(500, 0, 0, 50), cost_usd=0.01)
 NO_WORK = MeteredWork(admitted_requests=0)
+PARTIAL_WORK = MeteredWork(
+    admitted_requests=2, usage=Usage(300, 0, 0, 10), cost_usd=0.004, complete=False
+)
 
 
 def exited(code: int) -> Execution:
@@ -238,6 +241,50 @@ ROWS = [
         StatusSource.INFRASTRUCTURE,
     ),
     (
+        "frame missing, admitted work only a lower bound: still subject_failed",
+        V1,
+        exited(0),
+        Frame(FrameState.ABSENT),
+        REWARD,
+        PARTIAL_WORK,
+        S.SUBJECT_FAILED,
+        0.75,
+        StatusSource.ADMITTED_WORK,
+    ),
+    (
+        "wrapper killed (no frame) after admitted work: subject_failed, not retried",
+        V1,
+        exited(-9),
+        Frame(FrameState.ABSENT),
+        REWARD,
+        PARTIAL_WORK,
+        S.SUBJECT_FAILED,
+        0.75,
+        StatusSource.ADMITTED_WORK,
+    ),
+    (
+        "oversized frame, admitted work: subject_failed",
+        V1,
+        exited(0),
+        Frame(FrameState.OVERSIZED, error="more than 65536 bytes"),
+        REWARD,
+        WORK,
+        S.SUBJECT_FAILED,
+        0.75,
+        StatusSource.ADMITTED_WORK,
+    ),
+    (
+        "execution threw after partial admitted work: still infra",
+        V1,
+        Execution(ExecutionEnd.THREW, error="relay died"),
+        NO_FRAME,
+        NOT_VERIFIED,
+        PARTIAL_WORK,
+        S.INFRA_FAILED,
+        None,
+        StatusSource.INFRASTRUCTURE,
+    ),
+    (
         "execution threw: infra",
         V1,
         Execution(ExecutionEnd.THREW, error="host died"),
@@ -310,3 +357,19 @@ def test_frame_and_exit_code_never_disagree_in_the_record(code, status):
 def test_exit_code_is_recorded_only_when_it_decided(code):
     assert classify(EXIT, exited(code), NO_FRAME, REWARD).exit_code == code
     assert classify(V1, exited(code), frame(None), REWARD).exit_code == code
+
+
+def test_a_lower_bound_keeps_its_usage_but_has_no_cost():
+    """A partial count is kept; a cost derived from it would read as a settled figure."""
+    result = classify(V1, exited(0), Frame(FrameState.ABSENT), REWARD, PARTIAL_WORK)
+    assert result.usage == PARTIAL_WORK.usage and result.cost_usd is None
+    assert result.reason is not None and "lower bound" in result.reason
+    threw = classify(
+        V1, Execution(ExecutionEnd.THREW, error="x"), NO_FRAME, NOT_VERIFIED, PARTIAL_WORK
+    )
+    assert threw.usage == PARTIAL_WORK.usage and threw.cost_usd is None
+
+
+def test_a_valid_frame_with_usage_wins_over_metered_work():
+    result = classify(V1, exited(0), frame(SubjectStatus.COMPLETED), REWARD, PARTIAL_WORK)
+    assert result.usage == USAGE and result.cost_usd == 0.002

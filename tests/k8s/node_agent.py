@@ -2,14 +2,19 @@
 
 The tests play the kubelet and only the kubelet. For every Pod bound to the fake node
 this agent:
-- makes each emptyDir volume a folder, and builds each container's file system as a
-  mount namespace (bubblewrap): a fresh root holding this machine's /usr and /etc (the
-  "base image"), the image's own folders from `images` (e.g. the relay bundle at
-  /opt/maka-eval, the experiment folder at /benchmark), the volumes at their
-  mountPaths, and a termination-message file at terminationMessagePath;
+- makes each emptyDir volume a folder and each Secret volume a folder holding the
+  Secret's keys as files (read from the API, as a kubelet does), and builds each
+  container's file system as a mount namespace (bubblewrap): a fresh root holding this
+  machine's /usr and /etc (the "base image"), the image's own folders from `images`
+  (e.g. the relay bundle at /opt/maka-eval, the experiment folder at /benchmark), the
+  volumes at their mountPaths, an /etc/hosts with the Pod's hostAliases, and a
+  termination-message file at terminationMessagePath;
 - runs the init containers in order, then the main container, as local processes in
   their own PID namespace, with the container's env (secretKeyRef values read from the
-  API, as a kubelet does) and workingDir;
+  API, as a kubelet does) and workingDir. An init container with restartPolicy Always
+  is a native sidecar: it starts in the background, the next container waits for its
+  exec startupProbe to pass, and it is stopped (SIGTERM, then SIGKILL) once the main
+  container has ended -- it never decides the Pod's phase;
 - writes the Pod's phase and the container's state (running, then terminated with exit
   code, reason and the termination message, capped at 4096 bytes like the kubelet)
   back to Pod status;
@@ -21,6 +26,7 @@ Everything else is the real API server, scheduler and controller manager.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import os
 import shutil
@@ -47,12 +53,19 @@ def _now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+SIDECAR_STOP_GRACE_SEC = 5.0
+
+
 @dataclass
 class RunningPod:
     uid: str
-    process: subprocess.Popen[bytes] | None = None
+    processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
     killed: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class ProbeFailed(Exception):
+    """A native sidecar's startupProbe did not pass within its failure threshold."""
 
 
 class NodeAgent:
@@ -145,9 +158,10 @@ class NodeAgent:
     def _kill(self, running: RunningPod) -> None:
         with running.lock:
             running.killed = True
-            if running.process is not None and running.process.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(running.process.pid, signal.SIGKILL)
+            for process in running.processes:
+                if process.poll() is None:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(process.pid, signal.SIGKILL)
 
     # -- running a pod ----------------------------------------------------------------
     def _patch_status(self, pod: client.V1Pod, status: dict[str, Any]) -> None:
@@ -167,13 +181,35 @@ class NodeAgent:
         volumes.mkdir(parents=True, exist_ok=True)
         for volume in pod.spec.volumes or ():
             (volumes / volume.name).mkdir(exist_ok=True)
+            if volume.secret is not None:
+                self._fill_secret_volume(pod, volume.secret, volumes / volume.name)
+        self._write_hosts(pod, root)
         subject = pod.spec.containers[0]
         started = _now()
         init_statuses: list[dict[str, Any]] = []
+        sidecars: list[tuple[Any, subprocess.Popen[bytes]]] = []
         for init in pod.spec.init_containers or ():
-            code, _ = self._run_container(pod, init, root, running)
-            init_statuses.append(self._terminated(init, code, "", started))
+            if init.restart_policy == "Always":
+                process = self._spawn_container(pod, init, root, running)
+                code = 0
+                if process is None:
+                    code = 137 if running.killed else 1
+                else:
+                    sidecars.append((init, process))
+                    try:
+                        self._wait_started(pod, init, root, process)
+                    except ProbeFailed as exc:
+                        print(f"node-agent: {exc}", file=sys.stderr)
+                        code = process.poll() or 1
+                if code == 0:
+                    init_statuses.append(self._sidecar_running(init, started))
+                    continue
+                init_statuses.append(self._terminated(init, code, "", started))
+            else:
+                code, _ = self._run_container(pod, init, root, running)
+                init_statuses.append(self._terminated(init, code, "", started))
             if code != 0:
+                self._stop_sidecars(sidecars)
                 self._patch_status(
                     pod,
                     {
@@ -206,16 +242,97 @@ class NodeAgent:
         if subject.image in self.fail_images:
             return
         code, message = self._run_container(pod, subject, root, running)
+        stopped = self._stop_sidecars(sidecars)
         if running.killed:
             return
         reason = "Completed" if code == 0 else "Error"
-        self._patch_status(
-            pod,
-            {
-                "phase": "Succeeded" if code == 0 else "Failed",
-                "containerStatuses": [self._terminated(subject, code, message, started, reason)],
-            },
-        )
+        status: dict[str, Any] = {
+            "phase": "Succeeded" if code == 0 else "Failed",
+            "containerStatuses": [self._terminated(subject, code, message, started, reason)],
+        }
+        if sidecars:
+            ended = {c.name: self._terminated(c, code, "", started) for c, code in stopped}
+            status["initContainerStatuses"] = [ended.get(c["name"], c) for c in init_statuses]
+        self._patch_status(pod, status)
+
+    # -- native sidecars, volumes, /etc/hosts -------------------------------------------
+    def _wait_started(
+        self, pod: client.V1Pod, container: Any, root: Path, process: subprocess.Popen[bytes]
+    ) -> None:
+        """Return once the sidecar's exec startupProbe passes (at once without one)."""
+        probe = container.startup_probe
+        if probe is None:
+            return
+        if probe._exec is None or not probe._exec.command:
+            raise ProbeFailed(f"{container.name}: only exec startup probes are supported here")
+        period = float(probe.period_seconds or 10)
+        attempts = int(probe.failure_threshold or 3)
+        time.sleep(float(probe.initial_delay_seconds or 0))
+        for _ in range(attempts):
+            if process.poll() is not None:
+                raise ProbeFailed(f"{container.name} exited ({process.returncode}) while starting")
+            argv = self._bwrap_argv(pod, container, root, None)
+            argv += ["--", *probe._exec.command]
+            check = subprocess.run(
+                argv,
+                env=self._env(pod, container),
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                timeout=float(probe.timeout_seconds or 1) + 5,
+            )
+            if check.returncode == 0:
+                return
+            time.sleep(period)
+        raise ProbeFailed(f"{container.name}: startupProbe failed {attempts} times")
+
+    def _stop_sidecars(
+        self, sidecars: list[tuple[Any, subprocess.Popen[bytes]]]
+    ) -> list[tuple[Any, int]]:
+        """SIGTERM every sidecar, SIGKILL what is left after the grace period."""
+        for _, process in sidecars:
+            if process.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGTERM)
+        deadline = time.monotonic() + SIDECAR_STOP_GRACE_SEC
+        codes = []
+        for container, process in sidecars:
+            try:
+                code = process.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
+                code = process.wait()
+            codes.append((container, code if code >= 0 else 128 - code))
+        return codes
+
+    @staticmethod
+    def _sidecar_running(container: Any, started: str) -> dict[str, Any]:
+        return {
+            "name": container.name,
+            "image": container.image,
+            "imageID": "",
+            "ready": True,
+            "started": True,
+            "restartCount": 0,
+            "state": {"running": {"startedAt": started}},
+        }
+
+    def _fill_secret_volume(self, pod: client.V1Pod, source: Any, folder: Path) -> None:
+        secret = self.core.read_namespaced_secret(source.secret_name, pod.metadata.namespace)
+        mode = source.default_mode if source.default_mode is not None else 0o644
+        for key, value in (secret.data or {}).items():
+            path = folder / key
+            path.write_bytes(base64.b64decode(value))
+            path.chmod(mode)
+
+    @staticmethod
+    def _write_hosts(pod: client.V1Pod, root: Path) -> None:
+        """The Pod's /etc/hosts: localhost, its own name, and its hostAliases."""
+        lines = ["127.0.0.1\tlocalhost", "::1\tlocalhost ip6-localhost ip6-loopback"]
+        lines.append(f"127.0.1.1\t{pod.metadata.name}")
+        for alias in pod.spec.host_aliases or ():
+            lines.append(f"{alias.ip}\t{' '.join(alias.hostnames or ())}")
+        (root / "hosts").write_text("\n".join(lines) + "\n")
 
     @staticmethod
     def _terminated(
@@ -262,19 +379,54 @@ class NodeAgent:
             elif var.value_from is not None and var.value_from.secret_key_ref is not None:
                 ref = var.value_from.secret_key_ref
                 secret = self.core.read_namespaced_secret(ref.name, pod.metadata.namespace)
-                import base64
-
                 env[var.name] = base64.b64decode((secret.data or {})[ref.key]).decode()
         return env
 
     def _run_container(
         self, pod: client.V1Pod, container: Any, root: Path, running: RunningPod
     ) -> tuple[int, str]:
-        overlays = self.images.get(container.image)
-        if overlays is None:
+        if self.images.get(container.image) is None:
             return 1, f"image {container.image} is not known to the node agent"
+        process = self._spawn_container(pod, container, root, running)
+        if process is None:
+            return 137, ""
+        code = process.wait()
+        message_file = root / f"{container.name}.termination-log"
+        message = message_file.read_bytes()[:MESSAGE_LIMIT].decode("utf-8", "replace")
+        return (code if code >= 0 else 128 - code), message
+
+    def _spawn_container(
+        self, pod: client.V1Pod, container: Any, root: Path, running: RunningPod
+    ) -> subprocess.Popen[bytes] | None:
+        """The container's process, started (None once the Pod is being killed or for an
+        image the agent does not know)."""
+        if self.images.get(container.image) is None:
+            return None
         message_file = root / f"{container.name}.termination-log"
         message_file.write_bytes(b"")
+        argv = self._bwrap_argv(pod, container, root, message_file)
+        argv += ["--", *(container.command or ()), *(container.args or ())]
+        log = root / f"{container.name}.log"
+        with running.lock:
+            if running.killed:
+                return None
+            with log.open("ab") as out:
+                process = subprocess.Popen(
+                    argv,
+                    env=self._env(pod, container),
+                    stdout=out,
+                    stderr=out,
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,
+                )
+            running.processes.append(process)
+        return process
+
+    def _bwrap_argv(
+        self, pod: client.V1Pod, container: Any, root: Path, message_file: Path | None
+    ) -> list[str]:
+        """bubblewrap arguments that build the container's file system (no command)."""
+        overlays = self.images.get(container.image) or {}
         argv = [
             "bwrap",
             "--die-with-parent",
@@ -299,27 +451,13 @@ class NodeAgent:
         for mount in container.volume_mounts or ():
             flag = "--ro-bind" if mount.read_only else "--bind"
             argv += [flag, str(root / "volumes" / mount.name), mount.mount_path]
-        path = container.termination_message_path or "/dev/termination-log"
-        argv += ["--bind", str(message_file), path]
+        argv += ["--ro-bind", str(root / "hosts"), "/etc/hosts"]
+        if message_file is not None:
+            path = container.termination_message_path or "/dev/termination-log"
+            argv += ["--bind", str(message_file), path]
         if container.working_dir:
             argv += ["--chdir", container.working_dir]
-        argv += ["--", *(container.command or ()), *(container.args or ())]
-        log = root / f"{container.name}.log"
-        with running.lock:
-            if running.killed:
-                return 137, ""
-            with log.open("ab") as out:
-                running.process = subprocess.Popen(
-                    argv,
-                    env=self._env(pod, container),
-                    stdout=out,
-                    stderr=out,
-                    stdin=subprocess.DEVNULL,
-                    start_new_session=True,
-                )
-        code = running.process.wait()
-        message = message_file.read_bytes()[:MESSAGE_LIMIT].decode("utf-8", "replace")
-        return (code if code >= 0 else 128 - code), message
+        return argv
 
 
 def relay_bundle(directory: Path) -> Path:
@@ -328,6 +466,16 @@ def relay_bundle(directory: Path) -> Path:
     bin_dir.mkdir(parents=True, exist_ok=True)
     script = bin_dir / "maka-relay"
     script.write_text(f'#!/bin/sh\nexec {sys.executable} -m maka_eval.relay "$@"\n')
+    script.chmod(0o755)
+    return directory
+
+
+def egress_image_bin(directory: Path) -> Path:
+    """An egress image's /usr/local/bin: its python3 is this checkout's interpreter
+    (maka_eval and mitmproxy, as the image holds them)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    script = directory / "python3"
+    script.write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
     script.chmod(0o755)
     return directory
 

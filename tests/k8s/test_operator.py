@@ -26,8 +26,9 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.egress.gateway_harness import GatewayProcess, Upstream
 from tests.k8s.conftest import NODE_NAME, REPO, Kubectl, wait_until
-from tests.k8s.node_agent import NodeAgent, bwrap_available, relay_bundle
+from tests.k8s.node_agent import NodeAgent, bwrap_available, egress_image_bin, relay_bundle
 
 pytestmark = pytest.mark.slow
 
@@ -67,6 +68,8 @@ def node_agent(
         config["relayImage"]: {"/opt/maka-eval": relay_bundle(base / "relay-image")},
         config["benchmarkImage"]: {"/benchmark": REPO / "examples" / "hello"},
         config["taskImage"]: {},
+        # The egress image's python3 is this checkout's (maka_eval and mitmproxy).
+        config["egressImage"]: {"/usr/local/bin": egress_image_bin(base / "egress-image")},
     }
     extra = {REPO, Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve()}
     agent = NodeAgent(control_plane, NODE_NAME, images, base / "pods", extra_ro=tuple(extra))
@@ -86,10 +89,13 @@ def free_port() -> int:
 class Operator:
     """`maka-eval operator` as a process of its own."""
 
-    def __init__(self, kubeconfig: Path, namespace: str, log: Path) -> None:
+    def __init__(
+        self, kubeconfig: Path, namespace: str, log: Path, extra: tuple[str, ...] = ()
+    ) -> None:
         self.kubeconfig = kubeconfig
         self.namespace = namespace
         self.log = log
+        self.extra = extra
         self.process: subprocess.Popen[bytes] | None = None
         self.port = free_port()
 
@@ -109,6 +115,7 @@ class Operator:
                     "--metrics-port",
                     str(self.port),
                     "-v",
+                    *self.extra,
                 ],
                 stdout=out,
                 stderr=subprocess.STDOUT,
@@ -455,3 +462,156 @@ def test_deleting_an_experiment_cascades(
         ]
 
     wait_until(all_gone, timeout=120, what="everything owned by the experiment to be deleted")
+
+
+# -- the egress proxy: sidecar in the Pod, gateway outside --------------------------------------
+
+GATEWAY_KEY = "0123456789abcdef0123456789abcdef"
+UPSTREAM_NAME = "upstream.maka-eval.test"
+"""Known only to the gateway (its own /etc/hosts): the subject cannot reach it directly."""
+
+SUBJECT_FETCH = """
+import sys, urllib.error, urllib.request
+url, gateway = sys.argv[1], sys.argv[2]
+# Through the proxy the environment names (the egress sidecar, then the gateway).
+body = urllib.request.urlopen(url + "/from-the-subject", timeout=60).read().decode()
+assert body.startswith("upstream says hello /from-the-subject"), body
+# Straight to the gateway, around the sidecar: no credential, refused.
+direct = urllib.request.build_opener(urllib.request.ProxyHandler({"http": gateway}))
+try:
+    direct.open(url + "/around-the-sidecar", timeout=60)
+except urllib.error.HTTPError as exc:
+    assert exc.code == 407, exc.code
+else:
+    sys.exit("the gateway let a request without a credential through")
+print("fetched:", body)
+"""
+
+
+def proxied(name: str, subject: dict[str, Any]) -> dict[str, Any]:
+    doc = small(name)
+    spec = doc["spec"]
+    spec["tasks"] = [{"id": "sum-numbers"}]
+    spec["subjects"] = [subject]
+    spec["repetitions"] = 1
+    spec["executor"]["config"]["egress"] = {"mode": "proxy", "block": ["answers.example.org"]}
+    return doc
+
+
+def gateway_key_secret(namespace: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": "maka-eval-egress-gateway", "namespace": namespace},
+        "data": {"key": base64.b64encode(GATEWAY_KEY.encode() + b"\n").decode()},
+    }
+
+
+def test_an_egress_experiment_without_the_gateway_key_starts_nothing(
+    kubectl: Kubectl, namespace: str, control_plane: Path, crds: list[str], tmp_path: Path
+) -> None:
+    op = Operator(
+        control_plane,
+        namespace,
+        tmp_path / "operator.log",
+        extra=("--egress-gateway", "127.0.0.1:3128", "--egress-gateway-namespace", namespace),
+    ).start()
+    try:
+        subject = {"id": "noop", "kind": "external", "config": {"command": "true"}}
+        doc = proxied("nokey", subject)
+        kubectl.run("apply", f"--namespace={namespace}", "-f", "-", input=json.dumps(doc))
+
+        def missing() -> Any:
+            cond = condition(get(kubectl, "experiment", namespace, "nokey"), "PrerequisitesMet")
+            return cond if cond and cond["status"] == "False" else None
+
+        cond = wait_until(missing, timeout=60, what="PrerequisitesMet=False")
+        assert "maka-eval-egress-gateway" in cond["message"], cond
+        assert f"namespace {namespace}" in cond["message"]
+        assert get(kubectl, "cells", namespace)["items"] == []
+    finally:
+        op.stop()
+
+
+def test_a_subject_reaches_an_allowed_upstream_only_through_sidecar_and_gateway(
+    kubectl: Kubectl,
+    namespace: str,
+    control_plane: Path,
+    crds: list[str],
+    node_agent: NodeAgent,
+    tmp_path: Path,
+) -> None:
+    upstream = Upstream(host="127.0.0.1").start()
+    hosts = tmp_path / "gateway-hosts"
+    hosts.write_text(f"127.0.0.1\tlocalhost\n127.0.0.1\t{UPSTREAM_NAME}\n")
+    key_file = tmp_path / "gateway-key"
+    key_file.write_text(GATEWAY_KEY + "\n")
+    # The gateway as a local process, resolving the upstream's name through its own
+    # /etc/hosts (a bind mount only it sees), allowed to reach 127.0.0.1 and nothing else
+    # that is not public.
+    gateway = GatewayProcess(
+        key_file,
+        prefix=("bwrap", "--dev-bind", "/", "/", "--ro-bind", str(hosts), "/etc/hosts", "--"),
+    ).start()
+    kubectl.apply(gateway_key_secret(namespace), namespace)
+    op = Operator(
+        control_plane,
+        namespace,
+        tmp_path / "operator.log",
+        extra=(
+            "--egress-gateway",
+            f"127.0.0.1:{gateway.port}",
+            "--egress-gateway-namespace",
+            namespace,
+        ),
+    ).start()
+    try:
+        url = f"http://{UPSTREAM_NAME}:{upstream.port}"
+        subject = {
+            "id": "fetcher",
+            "kind": "external",
+            "config": {
+                "command": "python3",
+                "args": ["-c", SUBJECT_FETCH, url, gateway.url],
+                "resultContract": "exit-code",
+            },
+        }
+        doc = proxied("egress", subject)
+        kubectl.run("apply", f"--namespace={namespace}", "-f", "-", input=json.dumps(doc))
+        exp = wait_for_phase(kubectl, namespace, "egress", ("Complete",), op, timeout=180)
+        (attempt,) = get(kubectl, "attempts", namespace)["items"]
+        result = attempt["status"]["result"]
+        assert result["status"] == "completed", (result, gateway.output()[-3000:])
+        assert result["exitCode"] == 0
+        # The relay sandboxed the subject (its own namespaces: root and bubblewrap here)
+        # and kept it in the Pod's network, the one the sidecar serves.
+        assert result["isolation"] == "namespaces"
+        assert exp["status"]["cellsDone"] == 1
+
+        name = attempt["metadata"]["name"]
+        identity = f"{namespace}/{name}"
+        # The sidecar chained to the gateway with the attempt's credential...
+        allowed = gateway.wait_for(lambda e: e["decision"] == "allow")
+        assert allowed["identity"] == identity and allowed["host"] == UPSTREAM_NAME
+        assert allowed["url"] == f"{url}/from-the-subject"
+        # ...and the subject's own try around the sidecar had none.
+        refused = gateway.wait_for(lambda e: e.get("status") == 407)
+        assert refused["identity"] is None
+        assert [s.path for s in upstream.seen] == ["/from-the-subject"]
+
+        # The pieces that made it so, as the API server holds them.
+        pod = get(kubectl, "pod", namespace, name)
+        sidecar = pod["spec"]["initContainers"][-1]
+        assert sidecar["name"] == "egress-proxy" and sidecar["restartPolicy"] == "Always"
+        statuses = {s["name"]: s for s in pod["status"]["initContainerStatuses"]}
+        assert "terminated" in statuses["egress-proxy"]["state"]  # stopped after the subject
+        secret = get(kubectl, "secret", namespace, f"{name}-egress")
+        assert secret["metadata"]["ownerReferences"][0]["uid"] == attempt["metadata"]["uid"]
+        policy = get(kubectl, "networkpolicy", namespace, name)["spec"]
+        (rule,) = policy["egress"]
+        assert rule["ports"] == [{"protocol": "TCP", "port": gateway.port}]
+    finally:
+        op.stop()
+        print(op.tail())
+        gateway.stop()
+        upstream.stop()

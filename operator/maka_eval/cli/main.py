@@ -307,6 +307,11 @@ from maka_eval.cli import report as report_cli  # noqa: E402
 
 app.command(name="report")(report_cli.report_command)
 
+# `egress check`: the contamination blocklist, as the proxy applies it.
+from maka_eval.cli import egress as egress_cli  # noqa: E402
+
+app.add_typer(egress_cli.app, name="egress")
+
 
 class LogFormat(enum.StrEnum):
     plain = "plain"
@@ -339,9 +344,45 @@ def operator_command(
     ] = None,
     kubeconfig: KubeconfigOption = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log more.")] = False,
+    egress_gateway: Annotated[
+        str | None,
+        typer.Option(
+            "--egress-gateway",
+            envvar="MAKA_EVAL_EGRESS_GATEWAY",
+            help="HOST:PORT of the egress gateway that attempt Pods' proxies chain to; the "
+            "operator resolves HOST (attempt Pods get the address, they have no DNS). "
+            "Default: maka-eval-egress-gateway.<gateway namespace>.svc:3128.",
+        ),
+    ] = None,
+    egress_gateway_namespace: Annotated[
+        str | None,
+        typer.Option(
+            "--egress-gateway-namespace",
+            envvar="MAKA_EVAL_EGRESS_GATEWAY_NAMESPACE",
+            help="Namespace of the gateway's Pods and key Secret. Default: the operator's "
+            "own ($POD_NAMESPACE, else its ServiceAccount's, else maka-eval-system).",
+        ),
+    ] = None,
+    egress_key_secret: Annotated[
+        str | None,
+        typer.Option(
+            "--egress-key-secret",
+            envvar="MAKA_EVAL_EGRESS_KEY_SECRET",
+            help="Secret (key 'key') holding the key attempt credentials are derived "
+            "from; the gateway mounts the same. Default: maka-eval-egress-gateway.",
+        ),
+    ] = None,
 ) -> None:
     """Run the Kubernetes operator: Experiments applied with kubectl run as Pods."""
+    from maka_eval.k8s.egress import GatewaySettings
     from maka_eval.k8s.operator import run as run_operator
+
+    try:
+        egress = GatewaySettings.make(
+            egress_gateway, namespace=egress_gateway_namespace, key_secret=egress_key_secret
+        )
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--egress-gateway") from None
 
     run_operator(
         namespaces=tuple(namespace or ()),
@@ -350,6 +391,7 @@ def operator_command(
         metrics_port=metrics_port,
         kubeconfig=str(kubeconfig) if kubeconfig else None,
         verbose=verbose,
+        egress=egress,
     )
 
 

@@ -14,6 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from maka_eval.analysis.summary import PairedDifference, RunSummary, SubjectSummary, result_rows
+from maka_eval.cli.egress import egress_summary
 from maka_eval.engine.expand import Expansion
 from maka_eval.engine.selection import CellState
 from maka_eval.spec.load import LoadedExperiment
@@ -85,6 +86,9 @@ def expansion_view(loaded: LoadedExperiment, expansion: Expansion) -> Renderable
         limits.append(f"{spec.budget.max_tokens:,} tokens")
     table.add_row("budget", ", ".join(limits) or "no limit")
     table.add_row("infra retries", f"up to {spec.execution.max_infra_retries} per cell")
+    egress = egress_summary(spec.executor.config.egress)
+    if egress is not None:
+        table.add_row("egress", egress)
     return table
 
 

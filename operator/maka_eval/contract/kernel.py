@@ -158,8 +158,8 @@ class ResultKernel:
         f = Fields(obj, where, _KERNEL_KEYS)
         if f.raw("format") != KERNEL_FORMAT:
             raise ContractError(f"{f.path('format')}: must be '{KERNEL_FORMAT}'")
-        status = _member(AttemptStatus, f, "status")
-        source = _member(StatusSource, f, "statusSource")
+        status = _member(_STATUSES, f, "status")
+        source = _member(_SOURCES, f, "statusSource")
         usage = None
         if f.has("usage"):
             try:
@@ -173,10 +173,7 @@ class ResultKernel:
             ArtifactEntry.from_dict(a, f"{f.path('artifacts')}[{i}]")
             for i, a in enumerate(artifacts_raw)
         )
-        metrics_raw = f.raw("metrics") or {}
-        if not isinstance(metrics_raw, Mapping):
-            raise ContractError(f"{f.path('metrics')}: must be an object of numbers")
-        metrics = {str(k): finite(v, f"{f.path('metrics')}.{k}") for k, v in metrics_raw.items()}
+        metrics = f.numbers("metrics")
         try:
             return cls(
                 status=status,
@@ -217,18 +214,23 @@ class ResultKernel:
 
 E = TypeVar("E", AttemptStatus, StatusSource)
 
+# Looked up by value: calling the enum class costs more than the rest of a field's check.
+_STATUSES = {m.value: m for m in AttemptStatus}
+_SOURCES = {m.value: m for m in StatusSource}
 
-def _member(enum: type[E], f: Fields, key: str) -> E:
+
+def _member(members: Mapping[str, E], f: Fields, key: str) -> E:
     value = f.required(key)
     try:
-        return enum(value)
-    except (ValueError, TypeError):
-        allowed = ", ".join(m.value for m in enum)
-        raise ContractError(f"{f.path(key)}: must be one of {allowed}") from None
+        return members[value]
+    except (KeyError, TypeError):  # TypeError: an unhashable value (a list, an object)
+        raise ContractError(f"{f.path(key)}: must be one of {', '.join(members)}") from None
 
 
 def _notes(f: Fields) -> tuple[str, ...]:
-    raw = f.raw("notes") or []
+    raw = f.raw("notes")
+    if not raw:
+        return ()
     if not isinstance(raw, list) or not all(isinstance(n, str) for n in raw):
         raise ContractError(f"{f.path('notes')}: must be a list of strings")
     return tuple(raw)
@@ -260,12 +262,15 @@ def check(kernel: ResultKernel) -> None:
         if not name or len(name) > METRIC_NAME_LIMIT:
             raise ContractError(f"metrics: names are 1 to {METRIC_NAME_LIMIT} characters")
         finite(value, f"metrics.{name}")
-    names = [a.name for a in kernel.artifacts]
-    if len(set(names)) != len(names):
+    if len(kernel.artifacts) > 1 and len({a.name for a in kernel.artifacts}) != len(
+        kernel.artifacts
+    ):
         raise ContractError("artifacts: names must be unique")
     if kernel.isolation not in (None, "namespaces", "container", "none"):
         raise ContractError("isolation: must be 'namespaces', 'container' or 'none'")
-    if len(kernel.notes) > MAX_NOTES or any(len(n) > NOTE_LIMIT for n in kernel.notes):
+    if kernel.notes and (
+        len(kernel.notes) > MAX_NOTES or any(len(n) > NOTE_LIMIT for n in kernel.notes)
+    ):
         raise ContractError(f"notes: at most {MAX_NOTES}, each at most {NOTE_LIMIT} characters")
     if kernel.artifacts_omitted < 0:
         raise ContractError("artifactsOmitted: must be at least 0")

@@ -8,19 +8,23 @@ a cell id that does not match its parts, or an inconsistent kernel are refused.
 from __future__ import annotations
 
 import json
+import re
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from maka_eval.contract.fields import ContractError, Fields, finite, load_bounded
+from maka_eval.contract.fields import ContractError, Fields, load_bounded
 from maka_eval.contract.kernel import ResultKernel
 from maka_eval.engine.expand import cell_id as make_cell_id
 from maka_eval.engine.status import AttemptStatus, Trigger
 from maka_eval.engine.usage import Usage
 
 RECORD_FORMAT = "maka.eval.attempt.v2"
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
 MAX_RECORD_BYTES = 64 * 1024
+_TRIGGERS = {t.value: t for t in Trigger}
 
 _KEYS = frozenset(
     {
@@ -42,6 +46,7 @@ _KEYS = frozenset(
         "timings",
         "host",
         "makaEvalVersion",
+        "egressPolicyDigest",
     }
 )
 
@@ -70,6 +75,9 @@ class AttemptRecord:
     maka_eval_version: str = ""
     request: str | None = None
     """The manual request (`--cell` invocation or rerun token) this attempt answers."""
+    egress_policy_digest: str | None = None
+    """sha256 of the egress policy the attempt's network was policed with (None: no
+    policy was declared; records written before egress enforcement have none)."""
 
     def __post_init__(self) -> None:
         if self.cell_id != make_cell_id(self.task_id, self.repetition, self.subject_id):
@@ -94,7 +102,7 @@ class AttemptRecord:
 
     # -- the wire form ------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "format": RECORD_FORMAT,
             "runId": self.run_id,
             "experimentId": self.experiment_id,
@@ -116,6 +124,9 @@ class AttemptRecord:
             "host": self.host,
             "makaEvalVersion": self.maka_eval_version,
         }
+        if self.egress_policy_digest is not None:
+            out["egressPolicyDigest"] = self.egress_policy_digest
+        return out
 
     def to_json_bytes(self) -> bytes:
         return (json.dumps(self.to_dict(), indent=2) + "\n").encode()
@@ -139,33 +150,25 @@ class AttemptRecord:
                 )
             )
         try:
-            trigger = Trigger(f.required("trigger"))
-        except (ValueError, TypeError):
-            raise ContractError(
-                f"trigger: must be one of {', '.join(t.value for t in Trigger)}"
-            ) from None
-        timings_raw = f.raw("timings") or {}
-        if not isinstance(timings_raw, Mapping):
-            raise ContractError("timings: must be an object of numbers")
-        timings = {str(k): finite(v, f"timings.{k}") for k, v in timings_raw.items()}
-
-        def text(key: str) -> str:
-            value = f.string(key, limit=512)
-            assert value is not None
-            return value
-
+            trigger = _TRIGGERS[f.required("trigger")]
+        except (KeyError, TypeError):  # TypeError: an unhashable value (a list, an object)
+            raise ContractError(f"trigger: must be one of {', '.join(_TRIGGERS)}") from None
+        timings = f.numbers("timings")
+        text = f.text
         started = f.timestamp("startedAt")
         finished = f.timestamp("finishedAt")
         assert started is not None and finished is not None
+        # Names that every record of a run repeats are kept once (interned): a report's
+        # 100,000 records share them, and its reader's helper process sends each once.
         return cls(
-            run_id=text("runId"),
-            experiment_id=text("experimentId"),
-            cell_id=text("cellId"),
-            task_id=text("taskId"),
+            run_id=sys.intern(text("runId", 512)),
+            experiment_id=sys.intern(text("experimentId", 512)),
+            cell_id=text("cellId", 512),
+            task_id=sys.intern(text("taskId", 512)),
             repetition=f.integer("repetition", minimum=1) or 1,
-            subject_id=text("subjectId"),
+            subject_id=sys.intern(text("subjectId", 512)),
             attempt=f.integer("attempt", minimum=1) or 1,
-            attempt_id=text("attemptId"),
+            attempt_id=text("attemptId", 512),
             trigger=trigger,
             request=f.string("request", optional=True, limit=256),
             started_at=started,
@@ -173,9 +176,16 @@ class AttemptRecord:
             finished_at=finished,
             result=ResultKernel.from_dict(f.required("result"), "result"),
             timings=timings,
-            host=text("host"),
-            maka_eval_version=text("makaEvalVersion"),
+            host=sys.intern(text("host", 512)),
+            maka_eval_version=sys.intern(text("makaEvalVersion", 512)),
+            egress_policy_digest=_digest(f.string("egressPolicyDigest", optional=True, limit=64)),
         )
+
+
+def _digest(value: str | None) -> str | None:
+    if value is not None and not _SHA256.fullmatch(value):
+        raise ContractError("egressPolicyDigest: must be 64 lowercase hex digits")
+    return value
 
 
 def utc_from_epoch(seconds: float) -> datetime:

@@ -93,6 +93,9 @@ class MeteredWork:
     admitted_requests: int
     usage: Usage | None = None
     cost_usd: float | None = None
+    complete: bool = True
+    """False when the figure is a lower bound (the proxy had not settled, a request was
+    in flight, or an admitted response carried no usage): its cost is then unknown."""
 
 
 @dataclass(frozen=True)
@@ -115,7 +118,9 @@ def _attributed(frame: Frame, metered: MeteredWork | None) -> tuple[Usage | None
     if frame.valid and (frame.usage is not None or frame.cost_usd is not None):
         return frame.usage, frame.cost_usd
     if metered is not None:
-        return metered.usage, metered.cost_usd
+        # A partial count is kept as a lower bound; a cost derived from it would read as
+        # a settled figure, so there is none.
+        return metered.usage, metered.cost_usd if metered.complete else None
     return None, None
 
 
@@ -230,14 +235,15 @@ def classify(
     # The execution returned but the frame is unusable: the evidence decides.
     problem = _frame_problem(frame)
     if metered is not None and metered.admitted_requests > 0:
+        bound = "" if metered.complete else " (its usage is a lower bound)"
         return Classification(
             AttemptStatus.SUBJECT_FAILED,
             score,
             usage,
             cost,
             StatusSource.ADMITTED_WORK,
-            f"{problem} after {metered.admitted_requests} admitted model request(s); "
-            "recorded as a failure, not retried at the same cost",
+            f"{problem} after {metered.admitted_requests} admitted model request(s)"
+            f"{bound}; recorded as a failure, not retried at the same cost",
         )
     return Classification(
         AttemptStatus.INFRA_FAILED,

@@ -3,9 +3,10 @@
 The pass reads what the store has observed (watch events, never a periodic LIST), asks
 the engine's `decide()` what to start -- the same function the local executor calls --
 and carries it out with as few writes as the objects allow. Per attempt lifecycle:
-create Attempt, NetworkPolicy and Pod (3), record in Attempt status that its Pod was
-created (1), lift the task group's scheduling gate (1, only for groups of two or more
-arms), write the result once into Attempt status (1), and the Cell's status (1). The
+create Attempt, NetworkPolicy and Pod (3; 4 with the egress proxy, whose credential is
+a Secret of the attempt), record in Attempt status that its Pod was created (1), lift
+the task group's scheduling gate (1, only for groups of two or more arms), write the
+result once into Attempt status (1), and the Cell's status (1). The
 Experiment's status is written once per pass, when it changed, so a burst of events
 costs one write.
 
@@ -40,13 +41,14 @@ from maka_eval.engine.status import AttemptStatus, Trigger
 from maka_eval.errors import MakaEvalError, Problem
 from maka_eval.k8s import names
 from maka_eval.k8s.cluster import AlreadyExists, Cluster, Rejected
+from maka_eval.k8s.egress import GatewayAccess, GatewaySettings, gateway_access
 from maka_eval.k8s.render import (
     ExperimentRef,
     attempt_object,
+    attempt_objects,
     cell_object,
     credential_sources,
-    network_policy_object,
-    pod_object,
+    egress_policy,
 )
 from maka_eval.k8s.resources import CellPhase, ExperimentPhase
 from maka_eval.k8s.results import (
@@ -141,8 +143,13 @@ class Controller:
         *,
         parallelism: int = 16,
         clock: Callable[[], datetime] = _now,
+        egress: GatewaySettings | None = None,
     ) -> None:
         self.cluster = cluster
+        self.egress = egress or GatewaySettings.make()
+        self._gateway: GatewayAccess | None = None
+        """The egress gateway's route and key, read when an experiment that uses the
+        proxy passes its prerequisites."""
         self.store = store
         self.clock = clock
         self.pool = ThreadPoolExecutor(max_workers=parallelism, thread_name_prefix="maka-write")
@@ -250,6 +257,14 @@ class Controller:
                         "key in spec.executor.config.credentials",
                     )
                 )
+        if egress_policy(experiment) is not None:
+            # The gateway's key and address: without them no attempt could reach
+            # anything, so none starts.
+            access = gateway_access(self.egress, lambda ns, n: self.cluster.get("Secret", ns, n))
+            if isinstance(access, GatewayAccess):
+                self._gateway = access
+            else:
+                problems.extend(access)
         return problems
 
     # -- cells ---------------------------------------------------------------------------
@@ -488,11 +503,12 @@ class Controller:
         *,
         gated: bool,
     ) -> None:
-        """Create an attempt's NetworkPolicy and Pod, then record the launch."""
-        for kind, obj in (
-            ("NetworkPolicy", network_policy_object(ref, attempt)),
-            ("Pod", pod_object(ref, experiment, cell, attempt, gated=gated)),
-        ):
+        """Create an attempt's NetworkPolicy, egress Secret (with the proxy) and Pod, then
+        record the launch."""
+        objects = attempt_objects(
+            ref, experiment, cell, attempt, gated=gated, gateway=self._gateway
+        )
+        for kind, obj in objects:
             try:
                 created = self.cluster.create(kind, ref.namespace, obj)
             except Rejected as exc:

@@ -63,6 +63,11 @@ def attempt_name(cell: str, number: int) -> str:
     return f"{cell}-{number}"
 
 
+def egress_secret_name(attempt: str) -> str:
+    """The Secret holding an attempt's egress credential and policy (its sidecar's)."""
+    return f"{attempt}-egress"
+
+
 def group_label(experiment: str, group_id: str) -> str:
     """The value of LABEL_GROUP for a task group."""
     return short_hash(experiment, group_id)

@@ -29,6 +29,7 @@ from maka_eval.k8s import names
 from maka_eval.k8s.cluster import Cluster
 from maka_eval.k8s.controller import Controller
 from maka_eval.k8s.crds import VERSION
+from maka_eval.k8s.egress import GatewaySettings
 from maka_eval.k8s.store import Key, Store
 from maka_eval.spec.experiment import API_GROUP
 
@@ -156,7 +157,10 @@ class Worker:
 
 
 def build_registry(
-    *, namespaces: Iterable[str] = (), metrics_port: int | None = None
+    *,
+    namespaces: Iterable[str] = (),
+    metrics_port: int | None = None,
+    egress: GatewaySettings | None = None,
 ) -> kopf.OperatorRegistry:
     """The operator's handlers in a registry of their own (tests run it in-process too)."""
     registry = kopf.OperatorRegistry()
@@ -190,7 +194,7 @@ def build_registry(
                     store.put(kind, obj)
         metrics = Metrics(metrics_port)
         metrics.start()
-        run = Worker(Controller(cluster, store), metrics)
+        run = Worker(Controller(cluster, store, egress=egress), metrics)
         state["worker"] = run
         state["task"] = asyncio.create_task(run.run())
         for key in store.experiment_keys():
@@ -250,6 +254,7 @@ def run(
     metrics_port: int | None = None,
     kubeconfig: str | None = None,
     verbose: bool = False,
+    egress: GatewaySettings | None = None,
 ) -> None:
     """`maka-eval operator`: run until interrupted."""
     if kubeconfig:
@@ -262,7 +267,7 @@ def run(
     if not verbose:
         # kopf logs every handled watch event at INFO: one line per Pod change.
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
-    registry = build_registry(namespaces=watched, metrics_port=metrics_port)
+    registry = build_registry(namespaces=watched, metrics_port=metrics_port, egress=egress)
     kopf.run(
         registry=registry,
         standalone=peering is None,

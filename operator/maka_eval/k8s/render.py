@@ -14,8 +14,24 @@ The attempt Pod:
 - each declared credential comes from its Secret, into this subject's Pod only;
 - arms of a task group that start together carry a scheduling gate until all exist.
 
-The NetworkPolicy selects the attempt's Pod and allows no egress at all: the egress
-gateway (a later addition) will be the only destination it opens.
+With `executor.config.egress.mode: proxy` the Pod also gets
+- the egress proxy as a native sidecar (an init container with restartPolicy Always,
+  the egress image): mitmdump with the egress addons on 127.0.0.1, chained to the
+  egress gateway with the attempt's credential, read from the attempt's Secret
+  (`egress_secret_object`) that only the sidecar mounts; its exec startupProbe holds
+  the subject back until the proxy listens and its CA certificate is published;
+- the CA certificate in an emptyDir the subject mounts read-only (the CA key and the
+  audit log stay in an emptyDir only the sidecar mounts);
+- hostAliases pinning the proxy's name to 127.0.0.1 and the gateway's name to its
+  address: the Pod needs no DNS;
+- the relay told (`AttemptPlan.egress`) to keep the subject in the Pod's network,
+  with the proxy variables and the CA, after its gate has checked the subject holds
+  neither NET_RAW nor NET_ADMIN.
+
+The NetworkPolicy selects the attempt's Pod and allows no ingress. Its egress: nothing
+at all, or with the proxy only the gateway's Pods on the gateway's port -- no DNS,
+nothing else. A NetworkPolicy cannot tell the sidecar from the subject; the gateway
+can, by the credential (see maka_eval.egress.gateway).
 """
 
 from __future__ import annotations
@@ -24,12 +40,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from maka_eval.egress import sidecar
+from maka_eval.egress.policy import EgressPolicy
 from maka_eval.engine.expand import Cell
 from maka_eval.engine.launch import SOLUTION_DIR_NAME, subject_launch
 from maka_eval.engine.status import Trigger
 from maka_eval.k8s import names
 from maka_eval.k8s.crds import VERSION
-from maka_eval.relay.plan import AttemptPlan
+from maka_eval.k8s.egress import GatewayAccess, GatewayRoute
+from maka_eval.relay.environment import egress_environment
+from maka_eval.relay.plan import OWN_NETWORK, AttemptPlan, EgressPlan
+from maka_eval.spec.egress import policy_of
 from maka_eval.spec.experiment import API_GROUP, Experiment, KubernetesExecutorConfig
 from maka_eval.spec.subjects import ExternalSubject, MakaSubject
 
@@ -45,6 +66,27 @@ BENCHMARK_IN_IMAGE = "/benchmark"
 RELAY_PROGRAM = f"{RELAY_DIR}/bin/maka-relay"
 TERMINATION_MESSAGE_PATH = "/dev/termination-log"
 SUBJECT_CONTAINER = "subject"
+
+EGRESS_CONTAINER = "egress-proxy"
+EGRESS_PROXY_NAME = "maka-eval-proxy"
+"""The proxy's name in HTTP(S)_PROXY, pinned to 127.0.0.1 by the Pod's hostAliases."""
+EGRESS_PROXY_PORT = sidecar.DEFAULT_PORT
+EGRESS_CA_DIR = f"{MOUNT_ROOT}/egress-ca"
+"""The CA certificate only: the subject mounts it read-only."""
+EGRESS_CA_CERT = f"{EGRESS_CA_DIR}/{sidecar.CA_CERT_NAME}"
+EGRESS_STATE_DIR = "/var/run/maka-eval/egress"
+"""The sidecar's own: the CA key (confdir) and the audit log."""
+EGRESS_SECRET_DIR = "/var/run/maka-eval/egress-secret"
+EGRESS_CREDENTIAL_KEY = "upstream-auth"
+EGRESS_POLICY_KEY = "policy.json"
+EGRESS_SIDECAR_USER = 65532
+EGRESS_SIDECAR_RESOURCES = {
+    "requests": {"cpu": "50m", "memory": "96Mi"},
+    "limits": {"memory": "512Mi"},
+}
+EGRESS_STARTUP_PERIOD_SEC = 1
+EGRESS_STARTUP_FAILURES = 120
+"""The proxy has two minutes to listen and publish its CA (it takes about a second)."""
 
 
 @dataclass(frozen=True)
@@ -159,6 +201,12 @@ def _program(command: str) -> str:
     return command
 
 
+def egress_policy(experiment: Experiment) -> EgressPolicy | None:
+    """The policy the attempt Pods' egress sidecars enforce; None when the experiment's
+    attempts get no network (no egress config, or mode none)."""
+    return policy_of(executor_config(experiment).egress)
+
+
 def attempt_plan(
     experiment: Experiment, cell: Cell, attempt_uid_id: str, config: KubernetesExecutorConfig
 ) -> AttemptPlan:
@@ -184,6 +232,20 @@ def attempt_plan(
         solution_env={},
     )
     defaults = spec.execution.default_timeouts
+    policy = policy_of(config.egress)
+    egress = (
+        EgressPlan(
+            namespace=OWN_NETWORK,
+            namespace_identity="",  # the relay reads it in the Pod
+            proxy_name=EGRESS_PROXY_NAME,
+            proxy_address="127.0.0.1",
+            proxy_port=EGRESS_PROXY_PORT,
+            ca_cert=EGRESS_CA_CERT,
+            policy_digest=policy.digest,
+        )
+        if policy is not None
+        else None
+    )
     return AttemptPlan(
         attempt_id=attempt_uid_id,
         run_id=experiment.id,
@@ -208,6 +270,7 @@ def attempt_plan(
         if launch.argv[0].startswith(BENCHMARK_DIR)
         else (),
         task_dir=task_dir,
+        egress=egress,
     )
 
 
@@ -257,12 +320,17 @@ def pod_object(
     attempt: Mapping[str, Any],
     *,
     gated: bool,
+    gateway: GatewayRoute | None = None,
 ) -> dict[str, Any]:
-    """The Pod of one Attempt (`attempt` is the Attempt object as created)."""
+    """The Pod of one Attempt (`attempt` is the Attempt object as created); `gateway`
+    is required when the experiment's egress goes through the proxy."""
     config = executor_config(experiment)
     meta = attempt["metadata"]
     plan = attempt_plan(experiment, cell, attempt["spec"]["attemptId"], config)
     image = config.task_images.get(cell.task_id, config.task_image)
+    proxied = plan.egress is not None
+    if proxied and gateway is None:
+        raise ValueError("an attempt whose egress goes through the proxy needs the gateway")
     volumes = [
         {"name": "relay", "emptyDir": {}},
         {"name": "benchmark", "emptyDir": {}},
@@ -285,6 +353,28 @@ def pod_object(
             "securityContext": _security_context(),
         },
     ]
+    subject_mounts = [
+        {"name": "relay", "mountPath": RELAY_DIR, "readOnly": True},
+        {"name": "benchmark", "mountPath": BENCHMARK_DIR},
+        {"name": "work", "mountPath": WORK_DIR},
+        {"name": "artifacts", "mountPath": ARTIFACTS_DIR},
+    ]
+    env = _credential_env(experiment, cell.subject_id, config)
+    host_aliases = None
+    if gateway is not None and proxied:
+        volumes += _egress_volumes(meta["name"])
+        init.append(_egress_sidecar(config.egress_image, gateway))
+        subject_mounts.append({"name": "egress-ca", "mountPath": EGRESS_CA_DIR, "readOnly": True})
+        proxy_url = f"http://{EGRESS_PROXY_NAME}:{EGRESS_PROXY_PORT}"
+        # The relay gives the subject the same variables (plan.egress); here they serve
+        # whatever else runs in the container (kubectl exec).
+        env += [
+            {"name": k, "value": v}
+            for k, v in egress_environment(proxy_url, EGRESS_CA_CERT).items()
+        ]
+        host_aliases = [{"ip": "127.0.0.1", "hostnames": [EGRESS_PROXY_NAME]}]
+        if gateway.pinned:
+            host_aliases.append({"ip": gateway.address, "hostnames": [gateway.host]})
     resources = {
         k: amounts
         for k, v in (("requests", config.resources.requests), ("limits", config.resources.limits))
@@ -297,17 +387,12 @@ def pod_object(
             "command": [RELAY_PROGRAM],
             "args": ["--plan-json", plan.to_json(), "--result", TERMINATION_MESSAGE_PATH],
             "workingDir": WORK_DIR,
-            "env": _credential_env(experiment, cell.subject_id, config) or None,
+            "env": env or None,
             "resources": resources or None,
             "terminationMessagePath": TERMINATION_MESSAGE_PATH,
             "terminationMessagePolicy": "File",
             "securityContext": _security_context(),
-            "volumeMounts": [
-                {"name": "relay", "mountPath": RELAY_DIR, "readOnly": True},
-                {"name": "benchmark", "mountPath": BENCHMARK_DIR},
-                {"name": "work", "mountPath": WORK_DIR},
-                {"name": "artifacts", "mountPath": ARTIFACTS_DIR},
-            ],
+            "volumeMounts": subject_mounts,
         }
     )
     spec: dict[str, Any] = _without_none(
@@ -324,6 +409,7 @@ def pod_object(
             ]
             or None,
             "schedulingGates": [{"name": names.GROUP_GATE}] if gated else None,
+            "hostAliases": host_aliases,
             "initContainers": init,
             "containers": [subject_container],
             "volumes": volumes,
@@ -346,9 +432,141 @@ def _security_context() -> dict[str, Any]:
     return {"capabilities": {"drop": ["NET_RAW", "NET_ADMIN"]}}
 
 
-def network_policy_object(ref: ExperimentRef, attempt: Mapping[str, Any]) -> dict[str, Any]:
-    """Deny all egress of the attempt's Pod (ingress too: nothing talks to a subject)."""
+def _egress_volumes(attempt_name: str) -> list[dict[str, Any]]:
+    return [
+        # Certificate only; the subject mounts it read-only.
+        {"name": "egress-ca", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}},
+        # The sidecar's alone: CA key, audit log.
+        {"name": "egress-state", "emptyDir": {}},
+        {
+            "name": "egress-secret",
+            "secret": {
+                "secretName": names.egress_secret_name(attempt_name),
+                # Readable by the sidecar's non-root user; no other container mounts it.
+                "defaultMode": 0o444,
+            },
+        },
+    ]
+
+
+def _egress_sidecar(image: str, gateway: GatewayRoute) -> dict[str, Any]:
+    """The egress proxy as a native sidecar: it starts before the subject, which waits
+    for its startupProbe, and is stopped after the subject has ended."""
+    python = ["python3", "-m", "maka_eval.egress.sidecar"]
+    where = ["--port", str(EGRESS_PROXY_PORT), "--publish-dir", EGRESS_CA_DIR]
+    return {
+        "name": EGRESS_CONTAINER,
+        "image": image,
+        "restartPolicy": "Always",
+        "command": python,
+        "args": [
+            *where,
+            "--upstream",
+            gateway.url,
+            "--credential-file",
+            f"{EGRESS_SECRET_DIR}/{EGRESS_CREDENTIAL_KEY}",
+            "--policy-file",
+            f"{EGRESS_SECRET_DIR}/{EGRESS_POLICY_KEY}",
+            "--state-dir",
+            EGRESS_STATE_DIR,
+        ],
+        "env": [
+            {"name": "HOME", "value": EGRESS_STATE_DIR},
+            {"name": "TMPDIR", "value": EGRESS_STATE_DIR},
+        ],
+        "startupProbe": {
+            "exec": {"command": [*python, "--probe", *where]},
+            "periodSeconds": EGRESS_STARTUP_PERIOD_SEC,
+            "timeoutSeconds": 5,
+            "failureThreshold": EGRESS_STARTUP_FAILURES,
+        },
+        "resources": EGRESS_SIDECAR_RESOURCES,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": EGRESS_SIDECAR_USER,
+            "runAsGroup": EGRESS_SIDECAR_USER,
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"]},
+        },
+        "volumeMounts": [
+            {"name": "egress-secret", "mountPath": EGRESS_SECRET_DIR, "readOnly": True},
+            {"name": "egress-state", "mountPath": EGRESS_STATE_DIR},
+            {"name": "egress-ca", "mountPath": EGRESS_CA_DIR},
+        ],
+    }
+
+
+def egress_secret_object(
+    ref: ExperimentRef,
+    attempt: Mapping[str, Any],
+    access: GatewayAccess,
+    policy: EgressPolicy,
+) -> dict[str, Any]:
+    """The attempt's egress Secret: its gateway credential and the policy, for the
+    sidecar alone. Owned by the Attempt, so it is deleted with it."""
     meta = attempt["metadata"]
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {
+            "name": names.egress_secret_name(meta["name"]),
+            "namespace": ref.namespace,
+            "labels": {**meta["labels"], names.LABEL_ATTEMPT: meta["name"]},
+            "ownerReferences": [owner_reference("Attempt", meta["name"], meta["uid"])],
+        },
+        "type": "Opaque",
+        "immutable": True,
+        "stringData": {
+            EGRESS_CREDENTIAL_KEY: access.credential(ref.namespace, meta["name"]),
+            EGRESS_POLICY_KEY: policy.to_json(),
+        },
+    }
+
+
+def attempt_objects(
+    ref: ExperimentRef,
+    experiment: Experiment,
+    cell: Cell,
+    attempt: Mapping[str, Any],
+    *,
+    gated: bool,
+    gateway: GatewayAccess | None = None,
+) -> list[tuple[str, dict[str, Any]]]:
+    """(kind, object) of what an Attempt runs with, in creation order: its
+    NetworkPolicy, its egress Secret (with the proxy), its Pod."""
+    policy = egress_policy(experiment)
+    route = gateway.route if gateway is not None and policy is not None else None
+    objects = [("NetworkPolicy", network_policy_object(ref, attempt, route))]
+    if policy is not None:
+        if gateway is None:
+            raise ValueError("an attempt whose egress goes through the proxy needs the gateway")
+        objects.append(("Secret", egress_secret_object(ref, attempt, gateway, policy)))
+    objects.append(("Pod", pod_object(ref, experiment, cell, attempt, gated=gated, gateway=route)))
+    return objects
+
+
+def network_policy_object(
+    ref: ExperimentRef, attempt: Mapping[str, Any], gateway: GatewayRoute | None = None
+) -> dict[str, Any]:
+    """No ingress to the attempt's Pod (nothing talks to a subject) and no egress but,
+    with `gateway`, to the egress gateway's Pods on its port: no DNS, nothing else."""
+    meta = attempt["metadata"]
+    egress: list[dict[str, Any]] = []
+    if gateway is not None:
+        egress.append(
+            {
+                "to": [
+                    {
+                        "namespaceSelector": {
+                            "matchLabels": {"kubernetes.io/metadata.name": gateway.namespace}
+                        },
+                        "podSelector": {"matchLabels": dict(gateway.pod_labels)},
+                    }
+                ],
+                "ports": [{"protocol": "TCP", "port": gateway.port}],
+            }
+        )
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
@@ -362,6 +580,6 @@ def network_policy_object(ref: ExperimentRef, attempt: Mapping[str, Any]) -> dic
             "podSelector": {"matchLabels": {names.LABEL_ATTEMPT: meta["name"]}},
             "policyTypes": ["Ingress", "Egress"],
             "ingress": [],
-            "egress": [],
+            "egress": egress,
         },
     }

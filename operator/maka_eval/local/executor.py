@@ -20,15 +20,25 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from maka_eval import __version__
-from maka_eval.artifacts import digest_file
-from maka_eval.contract.kernel import ResultKernel
+from maka_eval.artifacts import Redactor, digest_file
+from maka_eval.contract.kernel import MAX_KERNEL_BYTES, ResultKernel
 from maka_eval.contract.record import AttemptRecord, utc_from_epoch
+from maka_eval.egress.policy import EgressPolicy
+from maka_eval.egress.proxy import ProxyStartError
 from maka_eval.engine.budget import BudgetState, budget_state
+from maka_eval.engine.classify import (
+    NO_FRAME,
+    NOT_VERIFIED,
+    Execution,
+    ExecutionEnd,
+    ResultContract,
+    classify,
+)
 from maka_eval.engine.expand import expand
 from maka_eval.engine.reconcile import (
     GROUP_START_TIMEOUT_SEC,
@@ -43,6 +53,8 @@ from maka_eval.engine.reconcile import (
 from maka_eval.engine.selection import CellState, cell_state
 from maka_eval.engine.status import StatusSource, Trigger
 from maka_eval.errors import CellSelectionError, ResourceError
+from maka_eval.local import netns
+from maka_eval.local.cell_egress import CellEgress, start_cell_egress
 from maka_eval.local.events import (
     AttemptFinished,
     AttemptStarted,
@@ -52,11 +64,13 @@ from maka_eval.local.events import (
     RunStarted,
     ignore,
 )
-from maka_eval.local.plans import attempt_plan
+from maka_eval.local.plans import attempt_plan, egress_mode
 from maka_eval.local.prerequisites import ResolvedCommands, check_prerequisites, work_root_path
 from maka_eval.relay.attempt import run_attempt
+from maka_eval.relay.outcome import AttemptOutcome, build_kernel
 from maka_eval.relay.processes import CancelToken, ProcessSupervisor
 from maka_eval.sandbox.container import remove_leftovers
+from maka_eval.spec.egress import policy_of
 from maka_eval.spec.load import LoadedExperiment
 from maka_eval.spec.task_directory import TaskDefinition, benchmark_root
 from maka_eval.store.run_store import RunIdentity, RunWriter
@@ -169,6 +183,9 @@ class LocalRun:
         self._work: Path | None = None
         self._host_problem: str | None = None
         self._hidden: tuple[str, ...] = ()
+        self._egress_policy: EgressPolicy | None = policy_of(
+            self.experiment.spec.executor.config.egress
+        )
 
     # -- the run --------------------------------------------------------------------
     def run(self) -> RunReport:
@@ -199,6 +216,8 @@ class LocalRun:
             engine = self._commands.engine
             if self._commands.containers and engine is not None:
                 remove_leftovers(engine.url, writer.run_id)
+            if self._egress_policy is not None:
+                netns.remove_leftovers(writer.run_id)
             spending = [r.spending() for rs in writer.contents.records.values() for r in rs]
             budget = self.experiment.spec.budget
             self._report.budget = budget_state(budget.max_cost_usd, budget.max_tokens, spending)
@@ -393,22 +412,56 @@ class LocalRun:
         # One flat folder per attempt, named by its cell (one mkdir, not four).
         attempt_root = work / f"{cell.task_id}__{cell.repetition}__{cell.subject_id}__{slot.number}"
         attempt_id = f"{writer.run_id}/{cell.id}/{slot.number}"
-        plan = attempt_plan(
-            experiment=self.experiment,
-            cell=cell,
-            task=self.tasks[cell.task_id],
-            commands=commands,
-            run_id=writer.run_id,
-            attempt_id=attempt_id,
-            attempt_root=attempt_root,
-            artifacts_dir=slot.artifacts_dir,
-            hidden=self._hidden,
-        )
+        task = self.tasks[cell.task_id]
         self.events(AttemptStarted(cell.id, cell.subject_id, slot.number))
-        outcome = run_attempt(plan, self.supervisor, self.cancel, self.host_env, start_gate=gate)
+        egress: CellEgress | None = None
+        egress_failure: str | None = None
+        if egress_mode(self.experiment, task) == "proxy" and self._egress_policy is not None:
+            try:
+                egress = start_cell_egress(
+                    run_id=writer.run_id,
+                    cell_id=cell.id,
+                    folder=attempt_root.with_name(attempt_root.name + ".egress"),
+                    policy=self._egress_policy,
+                    # No relay result token exists yet: the proxy signs with its own.
+                    result_token=secrets.token_hex(16),
+                )
+            except (netns.NetnsError, ProxyStartError, OSError) as exc:
+                egress_failure = f"the cell's egress enforcement could not be set up: {exc}"
+        try:
+            plan = attempt_plan(
+                experiment=self.experiment,
+                cell=cell,
+                task=task,
+                commands=commands,
+                run_id=writer.run_id,
+                attempt_id=attempt_id,
+                attempt_root=attempt_root,
+                artifacts_dir=slot.artifacts_dir,
+                hidden=self._hidden,
+                egress=egress.plan() if egress is not None else None,
+            )
+            redactor = Redactor.of(
+                {name: self.host_env[name] for name in plan.redact if self.host_env.get(name)}
+            )
+            if egress_failure is not None:
+                outcome = _not_started(plan.subject.contract, egress_failure, redactor, gate)
+            else:
+                outcome = run_attempt(
+                    plan, self.supervisor, self.cancel, self.host_env, start_gate=gate
+                )
+        finally:
+            if egress is not None:
+                egress.finish()  # the proxy stopped, the namespace gone: nothing outlives it
         # The in-process path skips the bytes, not the validation: the same parser as a
         # termination message on a cluster.
         kernel = ResultKernel.from_dict(outcome.kernel.to_dict())
+        timings = dict(outcome.timings)
+        if egress is not None:
+            audit = egress.store_audit_log(slot.artifacts_dir, redactor)
+            # First, so that fitting the kernel to its bound drops others before it.
+            kernel = replace(kernel, artifacts=(*audit, *kernel.artifacts)).fitted(MAX_KERNEL_BYTES)
+            timings.update(egress.timings())
         record = AttemptRecord(
             run_id=writer.run_id,
             experiment_id=self.experiment.id,
@@ -426,14 +479,45 @@ class LocalRun:
             ),
             finished_at=utc_from_epoch(outcome.finished_at),
             result=kernel,
-            timings={k: round(v, 6) for k, v in outcome.timings.items()},
+            timings={k: round(v, 6) for k, v in timings.items()},
             host=self._host,
             maka_eval_version=__version__,
+            egress_policy_digest=(
+                self._egress_policy.digest
+                if self._egress_policy is not None and egress_mode(self.experiment, task) == "proxy"
+                else None
+            ),
         )
         writer.commit(slot, record)
         if not self.options.keep_workspaces:
             shutil.rmtree(attempt_root, ignore_errors=True)
+            shutil.rmtree(attempt_root.with_name(attempt_root.name + ".egress"), True)
         return record
+
+
+def _not_started(
+    contract: ResultContract, error: str, redactor: Redactor, gate: Callable[[], Any] | None
+) -> AttemptOutcome:
+    """An attempt that failed before its relay could start: an infrastructure failure
+    (retried), classified by the same rules as any other."""
+    if gate is not None:
+        with contextlib.suppress(Exception):
+            gate()  # the other arms of the group must not wait for this one
+    now = time.time()
+    execution = Execution(ExecutionEnd.THREW, error=error)
+    classification = classify(contract, execution, NO_FRAME, NOT_VERIFIED, metered=None)
+    return AttemptOutcome(
+        classification=classification,
+        execution=execution,
+        frame=NO_FRAME,
+        verification=NOT_VERIFIED,
+        artifacts=(),
+        started_at=now,
+        finished_at=now,
+        subject_started_at=None,
+        timings={},
+        kernel=build_kernel(classification, NOT_VERIFIED, 0.0, (), redactor),
+    )
 
 
 __all__ = ["LocalRun", "RunOptions", "RunReport", "Trigger", "work_root"]

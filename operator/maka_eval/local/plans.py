@@ -7,7 +7,7 @@ from pathlib import Path
 from maka_eval.engine.expand import Cell
 from maka_eval.engine.launch import SOLUTION_DIR_NAME, subject_launch
 from maka_eval.local.prerequisites import ResolvedCommands
-from maka_eval.relay.plan import AttemptPlan, ContainerPlan
+from maka_eval.relay.plan import AttemptPlan, ContainerPlan, EgressPlan
 from maka_eval.sandbox.container import build_tag
 from maka_eval.spec.experiment import Experiment
 from maka_eval.spec.subjects import ExternalSubject, MakaSubject, Subject
@@ -25,8 +25,10 @@ def attempt_plan(
     attempt_root: Path,
     artifacts_dir: Path,
     hidden: tuple[str, ...] = (),
+    egress: EgressPlan | None = None,
 ) -> AttemptPlan:
-    """The relay plan for one attempt of `cell`."""
+    """The relay plan for one attempt of `cell`; `egress` is the cell's policed network
+    when `egress_mode` says 'proxy' (without it, such a cell gets no network at all)."""
     spec = experiment.spec
     subject = experiment.subject(cell.subject_id)
     defaults = spec.execution.default_timeouts
@@ -51,8 +53,14 @@ def attempt_plan(
         solution_script=str(attempt_root / SOLUTION_DIR_NAME / "solve.sh"),
         solution_env=task.solution_env,
     )
+    mode = egress_mode(experiment, task)
     container = (
-        _container_plan(task, commands, upload)
+        _container_plan(
+            task,
+            commands,
+            upload,
+            network="no-network" if mode is not None and egress is None else task.network_mode,
+        )
         if in_container and commands.engine is not None
         else None
     )
@@ -86,7 +94,18 @@ def attempt_plan(
         # The subject's own program stays visible, wherever it lives.
         visible=(str(Path(launch.argv[0]).parent),) if "/" in launch.argv[0] else (),
         container=container,
+        egress=egress if mode == "proxy" else None,
     )
+
+
+def egress_mode(experiment: Experiment, task: TaskDefinition) -> str | None:
+    """How the cells of `task` reach the network under executor.config.egress: 'proxy'
+    (a policed namespace), 'none' (loopback only) or None (no policy declared). A task
+    whose task.toml says allow_internet = false gets 'none', whatever the spec says."""
+    config = experiment.spec.executor.config.egress
+    if config is None:
+        return None
+    return "none" if task.network_mode == "no-network" else config.mode
 
 
 def _named_command(subject: Subject, runtime_host: str | None) -> str | None:
@@ -99,7 +118,7 @@ def _named_command(subject: Subject, runtime_host: str | None) -> str | None:
 
 
 def _container_plan(
-    task: TaskDefinition, commands: ResolvedCommands, program: str | None
+    task: TaskDefinition, commands: ResolvedCommands, program: str | None, network: str
 ) -> ContainerPlan:
     """How the task's container is made: its image, and task.toml's settings."""
     assert commands.engine is not None
@@ -121,7 +140,7 @@ def _container_plan(
         memory_mb=task.memory_mb,
         storage_mb=task.storage_mb,
         gpus=task.gpus,
-        network=task.network_mode,
+        network=network,
         env=dict(task.environment_env),
         program=program,
     )

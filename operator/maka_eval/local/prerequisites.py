@@ -13,9 +13,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from maka_eval.egress.proxy import mitmdump_path
 from maka_eval.errors import PrerequisiteError, Problem
+from maka_eval.local.netns import enforcement_unavailable
 from maka_eval.sandbox.container import EngineInfo, engine_info
 from maka_eval.sandbox.process import namespaces_unavailable
+from maka_eval.spec.egress import EgressConfig
 from maka_eval.spec.experiment import Experiment, LocalExecutor, Task
 from maka_eval.spec.load import LoadedExperiment
 from maka_eval.spec.subjects import ExternalSubject, MakaSubject, OracleSubject
@@ -165,6 +168,17 @@ def check_prerequisites(
                 )
             )
 
+    if executor.config.egress is not None:
+        problems += _egress_problems(
+            executor.config.egress,
+            spec.tasks,
+            tasks,
+            containers,
+            executor.config.isolation,
+            probe.engine,
+            prefix,
+        )
+
     work = host_env.get(WORK_DIR_VARIABLE)
     if work and not (Path(work).is_dir() and os.access(work, os.W_OK)):
         problems.append(
@@ -263,3 +277,66 @@ def _task_sandboxes(
         else:
             containers.add(task.id)
     return containers
+
+
+def _egress_problems(
+    egress: EgressConfig,
+    spec_tasks: tuple[Task, ...],
+    tasks: Mapping[str, TaskDefinition],
+    containers: set[str],
+    isolation: str,
+    engine: EngineInfo | None,
+    prefix: str,
+) -> list[Problem]:
+    """What stops this machine from enforcing executor.config.egress: a declared policy
+    never runs unenforced (DESIGN.md section 6)."""
+    where = f"{prefix}executor.config.egress"
+    known = [t.id for t in spec_tasks if t.id in tasks]
+    # allow_internet = false in task.toml wins: those cells get no network, no proxy.
+    policed = [tid for tid in known if tasks[tid].network_mode != "no-network"]
+    problems: list[Problem] = []
+    if egress.mode == "proxy" and policed:
+        why = enforcement_unavailable()
+        if why is not None:
+            problems.append(
+                Problem(
+                    where,
+                    f"mode 'proxy' declares an egress policy, but {why}; a declared policy "
+                    "never runs unenforced (run maka-eval as root on Linux with iproute2 and "
+                    "nftables, or remove executor.config.egress)",
+                )
+            )
+        if not mitmdump_path().is_file():
+            problems.append(
+                Problem(
+                    where,
+                    f"mode 'proxy' runs each cell's proxy with {mitmdump_path()}, which does "
+                    "not exist; install maka-eval with its dependencies (mitmproxy) into this "
+                    "environment",
+                )
+            )
+        in_containers = [tid for tid in policed if tid in containers]
+        if in_containers and engine is not None and engine.kind != "Podman":
+            problems.append(
+                Problem(
+                    where,
+                    f"mode 'proxy' puts each container in the cell's policed network "
+                    f"namespace by path, which {engine.describe()} cannot do (only Podman "
+                    f"has the ns: network mode); tasks {', '.join(in_containers)} need it: "
+                    "use Podman (hack/podman.sh up, DOCKER_HOST) or remove "
+                    "executor.config.egress",
+                )
+            )
+    as_processes = [tid for tid in known if tid not in containers]
+    if as_processes and resolve_isolation(isolation) != "namespaces":
+        why = namespaces_unavailable() or "executor.config.isolation is 'none'"
+        problems.append(
+            Problem(
+                where,
+                f"mode '{egress.mode}' needs every task run as processes "
+                f"({', '.join(as_processes)}) to have its own network namespace, but {why}; "
+                "set executor.config.isolation to namespaces (root, bubblewrap) or remove "
+                "executor.config.egress",
+            )
+        )
+    return problems

@@ -10,6 +10,7 @@ SIGTERM and SIGINT cancel the attempt: the subject's whole tree is quiesced firs
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 from dataclasses import replace
@@ -18,7 +19,7 @@ from typing import Any
 
 from maka_eval.engine.status import AttemptStatus
 from maka_eval.relay.attempt import run_attempt
-from maka_eval.relay.plan import AttemptPlan, PlanError, with_task_settings
+from maka_eval.relay.plan import OWN_NETWORK, AttemptPlan, PlanError, with_task_settings
 from maka_eval.relay.processes import CancelToken, ProcessSupervisor
 
 EXIT_NOT_COMPLETED = 1
@@ -53,12 +54,30 @@ def main(argv: list[str] | None = None) -> int:
 
         isolation = "namespaces" if namespaces_unavailable() is None else "none"
         plan = replace(plan, isolation=isolation)
+    pod_network = plan.egress is not None and plan.egress.namespace == OWN_NETWORK
+    if plan.egress is not None and pod_network:
+        # A Pod's network is policed as a whole: the subject stays in it, and the gate
+        # checks that it is in the namespace the relay itself runs in.
+        own = os.stat(OWN_NETWORK)
+        plan = replace(
+            plan, egress=replace(plan.egress, namespace_identity=f"{own.st_dev}:{own.st_ino}")
+        )
     try:
         plan = with_task_settings(plan)
     except PlanError as exc:
         # No result kernel: the executor sees a relay that ended without one, which is
         # an infrastructure failure (retried), and this line in the container's log.
         print(f"relay: {exc}", file=sys.stderr)
+        return EXIT_BAD_PLAN
+    if pod_network and plan.egress is None and plan.isolation != "namespaces":
+        # Never run unenforced: without a namespace of its own the subject would still
+        # reach the Pod's egress proxy on loopback.
+        print(
+            "relay: the task allows no network, but this container cannot give the subject "
+            "a network namespace of its own (the Pod's egress proxy would stay reachable); "
+            "not running it",
+            file=sys.stderr,
+        )
         return EXIT_BAD_PLAN
 
     supervisor = ProcessSupervisor(exclusive=True)

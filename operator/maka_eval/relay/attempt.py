@@ -32,18 +32,23 @@ from maka_eval.engine.classify import (
 )
 from maka_eval.process_table import RUN_MARKER
 from maka_eval.relay.environment import (
+    RESOLV_CONF,
     base_environment,
+    egress_environment,
     host_environment,
+    hosts_file,
     resolve_credentials,
     subject_environment,
 )
 from maka_eval.relay.frame import MAX_FRAME_BYTES, read_frame
+from maka_eval.relay.gate import PROBE_TIMEOUT_SEC, probe_argv, read_evidence, refusal
+from maka_eval.relay.metering import recover_metered
 from maka_eval.relay.outcome import AttemptOutcome, build_kernel
 from maka_eval.relay.output import DiskFull, OutputCapture
 from maka_eval.relay.plan import AttemptPlan
 from maka_eval.relay.processes import CancelToken, ProcessSupervisor, WaitEnd
 from maka_eval.relay.verifier import read_reward
-from maka_eval.sandbox.base import Isolation, Layout, Phase, Sandbox
+from maka_eval.sandbox.base import Isolation, Layout, Network, Phase, Sandbox
 from maka_eval.sandbox.process import interpreted, make_sandbox
 
 LOW_DISK_BYTES = 1 << 20
@@ -113,6 +118,11 @@ class AttemptLayout:
         return self.root / "logs" / "agent"
 
     @property
+    def egress(self) -> Path:
+        """The policed sandbox's /etc/hosts and /etc/resolv.conf (shown read-only)."""
+        return self.root / "egress"
+
+    @property
     def output(self) -> Path:
         """Where the relay writes captured output (never inside the workspace)."""
         return self.root
@@ -162,9 +172,11 @@ class _Attempt:
         cancel: CancelToken,
         host_env: Mapping[str, str],
         start_gate: Callable[[], None] | None,
+        settle_metering: Callable[[], object] | None = None,
     ) -> None:
         self.plan = plan
         self._start_gate = start_gate
+        self._settle_metering = settle_metering
         self.supervisor = supervisor
         self.cancel = cancel
         self.host_env = host_env
@@ -203,6 +215,7 @@ class _Attempt:
             hidden=plan.hidden,
             visible=plan.visible,
         )
+        network = self._network()
         if plan.container is not None:
             # Imported here: the relay bundle in a pod never runs containers.
             from maka_eval.sandbox.container import ContainerSandbox
@@ -214,9 +227,23 @@ class _Attempt:
                 plan.container,
                 task_id=plan.task_id,
                 labels={"cell-id": plan.cell_id, "run-id": plan.run_id},
+                network=network,
             )
         return make_sandbox(
-            Isolation(plan.isolation), self.supervisor, plan.attempt_id, sandbox_layout
+            Isolation(plan.isolation), self.supervisor, plan.attempt_id, sandbox_layout, network
+        )
+
+    def _network(self) -> Network | None:
+        """The executor's policed namespace for the sandbox to join (None: no policy)."""
+        egress = self.plan.egress
+        if egress is None:
+            return None
+        return Network(
+            namespace=egress.namespace,
+            hosts={egress.proxy_name: egress.proxy_address},
+            hosts_file=str(self.layout.egress / "hosts"),
+            resolv_file=str(self.layout.egress / "resolv.conf"),
+            ca_cert=egress.ca_cert,
         )
 
     def _inside(self, phase: Phase, path: Path | str) -> str:
@@ -250,6 +277,11 @@ class _Attempt:
             _copy_tree(source, layout.root / name)
             for script in (layout.root / name).glob("*.sh"):
                 _make_executable(script)
+        if plan.egress is not None:
+            layout.egress.mkdir()
+            pinned = {plan.egress.proxy_name: plan.egress.proxy_address}
+            (layout.egress / "hosts").write_text(hosts_file(pinned), encoding="utf-8")
+            (layout.egress / "resolv.conf").write_text(RESOLV_CONF, encoding="utf-8")
         self.credentials = resolve_credentials(plan.subject.credentials, self.host_env)
         self.base_env = base_environment(
             attempt_id=plan.attempt_id,
@@ -291,6 +323,14 @@ class _Attempt:
         env = subject_environment(
             self.base_env, self._attempt_vars(), plan.subject.env, self.credentials
         )
+        if plan.egress is not None:
+            ca = plan.egress.ca_cert
+            env.update(
+                egress_environment(
+                    f"http://{plan.egress.proxy_name}:{plan.egress.proxy_port}",
+                    self._inside(Phase.SUBJECT, ca) if ca is not None else None,
+                )
+            )
         out, err = self._capture("subject")
         try:
             proc = self.sandbox.spawn(
@@ -322,6 +362,34 @@ class _Attempt:
             exit_code=code if end is WaitEnd.EXITED else None,
             timeout_sec=plan.agent_timeout_sec if end is WaitEnd.TIMED_OUT else None,
         )
+
+    def check_gate(self) -> str | None:
+        """With a policed network: why the subject must not start (relay.gate), from a
+        probe started exactly as the subject will be; None when it may."""
+        egress = self.plan.egress
+        if egress is None:
+            return None
+        with open(self.layout.root / "gate.out", "w+b") as out:
+            try:
+                proc = self.sandbox.spawn(
+                    Phase.SUBJECT,
+                    probe_argv(),
+                    env=self.base_env,
+                    cwd=self._inside(Phase.SUBJECT, self.layout.workspace),
+                    stdout=out,
+                    stderr=out,
+                )
+            except OSError as exc:
+                return f"the egress gate could not start its probe: {exc.strerror or exc}"
+            end = self.sandbox.wait(proc, PROBE_TIMEOUT_SEC, self.cancel)
+            if end is not WaitEnd.EXITED:
+                self.sandbox.quiesce(Phase.SUBJECT, proc)
+            self.sandbox.release(proc)
+            if end is WaitEnd.CANCELLED:
+                return None  # the subject is not started: the run is cancelled
+            out.seek(0)
+            seen = out.read(1 << 16).decode(errors="replace")
+        return refusal(read_evidence(seen), egress.namespace_identity)
 
     def read_frame(self) -> Frame:
         if self.plan.subject.contract is not ResultContract.PROTOCOL_V1:
@@ -484,9 +552,14 @@ class _Attempt:
         try:
             self.prepare()
             self.sandbox.start()
+            refused = self.check_gate()
             t_prepared = time.perf_counter()
             self.pass_gate()
-            execution = self.run_subject()
+            if refused is not None:
+                # Nothing of the subject started; an infrastructure failure says why.
+                execution = Execution(ExecutionEnd.THREW, error=refused)
+            else:
+                execution = self.run_subject()
             t_subject = time.perf_counter()
             frame = self.read_frame()
             if execution.end in (ExecutionEnd.EXITED, ExecutionEnd.TIMED_OUT):
@@ -519,13 +592,21 @@ class _Attempt:
                 execution = Execution(
                     ExecutionEnd.THREW, error=f"storing the artifacts failed: {exc}"
                 )
+        recovery = recover_metered(
+            self.plan.metering,
+            self.plan.subject.contract,
+            frame,
+            self.host_env,
+            self._settle_metering,
+        )
+        self.notes.extend(recovery.notes)
         t_end = time.perf_counter()
         classification = classify(
             self.plan.subject.contract,
             execution,
             frame,
             verification,
-            metered=None,
+            metered=recovery.metered,
             disk_full=self.disk_full,
         )
         self.timings = {
@@ -563,11 +644,14 @@ def run_attempt(
     cancel: CancelToken,
     host_env: Mapping[str, str] | None = None,
     start_gate: Callable[[], None] | None = None,
+    settle_metering: Callable[[], object] | None = None,
 ) -> AttemptOutcome:
     """Run one attempt to its end; never raises for anything the subject or task does.
 
     `start_gate` is called after preparation and before the subject starts: the local
     executor passes a barrier so all arms of a task group start at the same moment.
+    `settle_metering` (the cell's ProxyHandle.settle) is called once the subject has
+    stopped, before metered usage is recovered from the provider-usage checkpoint.
     """
     env = host_env if host_env is not None else host_environment()
-    return _Attempt(plan, supervisor, cancel, env, start_gate).run()
+    return _Attempt(plan, supervisor, cancel, env, start_gate, settle_metering).run()

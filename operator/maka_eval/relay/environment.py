@@ -63,6 +63,40 @@ def subject_environment(
     return env
 
 
+NO_PROXY = "localhost,127.0.0.1"
+CA_VARIABLES = ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "NODE_EXTRA_CA_CERTS")
+"""Where OpenSSL, Python's requests, curl and Node look for the CA to trust."""
+RESOLV_CONF = "# maka-eval: no resolver; the egress proxy's name is in /etc/hosts\n"
+"""A policed sandbox's /etc/resolv.conf: no nameserver line."""
+
+
+def egress_environment(proxy_url: str, ca_cert: str | None) -> dict[str, str]:
+    """What a policed subject gets on top of its environment: the proxy (both spellings,
+    as tools read one or the other) and the proxy's CA as the one to trust."""
+    env = {name: proxy_url for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy")}
+    env.update({"NO_PROXY": NO_PROXY, "no_proxy": NO_PROXY})
+    if ca_cert is not None:
+        env.update({name: ca_cert for name in CA_VARIABLES})
+    return env
+
+
+def hosts_file(pinned: Mapping[str, str], base: str | None = None) -> str:
+    """A policed sandbox's /etc/hosts: `base` (this machine's) with `pinned` names
+    (name -> address) replacing any line that named them."""
+    if base is None:
+        try:
+            with open("/etc/hosts", encoding="utf-8", errors="replace") as handle:
+                base = handle.read()
+        except OSError:
+            base = "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n"
+    kept = [
+        line
+        for line in base.splitlines()
+        if not set(line.split("#", 1)[0].split()[1:]) & set(pinned)
+    ]
+    return "\n".join([*kept, *(f"{addr}\t{name}" for name, addr in pinned.items())]) + "\n"
+
+
 def host_environment() -> Mapping[str, str]:
     """The relay's own environment (where credential values are read from)."""
     return os.environ

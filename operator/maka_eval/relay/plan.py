@@ -15,6 +15,7 @@ from typing import Any
 from maka_eval import strict_json
 from maka_eval.engine.classify import ResultContract
 from maka_eval.engine.launch import SubjectLaunch
+from maka_eval.metering.pricing import Prices
 
 DEFAULT_OUTPUT_LIMIT = 8 * 1024 * 1024
 
@@ -50,6 +51,48 @@ class ContainerPlan:
     program: str | None = None
     """Host file of the subject's program, uploaded to /maka/bin/ (a subject named by a
     path); a program named without a path is looked up on the image's PATH."""
+
+
+OWN_NETWORK = "/proc/self/ns/net"
+"""`EgressPlan.namespace` in a Pod: the relay's own network namespace, which the Pod's
+NetworkPolicy and egress sidecar police (the relay reads its identity when it starts)."""
+
+
+@dataclass(frozen=True)
+class EgressPlan:
+    """The cell's policed network, prepared by the executor before the relay starts: a
+    network namespace whose nftables policy admits only the cell's egress proxy."""
+
+    namespace: str
+    """Path of the namespace (/run/netns/NAME) the subject's sandbox joins."""
+    namespace_identity: str
+    """`st_dev:st_ino` of that namespace: the gate checks the subject is in it."""
+    proxy_name: str
+    """The proxy's name, pinned in the sandbox's /etc/hosts (no resolver is reachable)."""
+    proxy_address: str
+    proxy_port: int
+    ca_cert: str | None = None
+    """Host path of the proxy's CA certificate (the key never leaves the proxy's folder),
+    shown read-only to the subject."""
+    policy_digest: str | None = None
+
+
+@dataclass(frozen=True)
+class MeteringPlan:
+    """Where the egress proxy's provider-usage checkpoint is, and how to verify it.
+
+    When the result frame is missing or invalid, the relay recovers metered usage from
+    the checkpoint (metering.checkpoint), accepting it only when its HMAC verifies with
+    the result token.
+    """
+
+    checkpoint: str
+    """Path of the checkpoint file the proxy writes."""
+    token_env: str = "MAKA_EVAL_RESULT_TOKEN"
+    """The relay's environment variable holding the result token (the plan never holds
+    the value); the subject does not receive it."""
+    prices: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    """Model prices in metering.pricing's wire form; without a price, no cost."""
 
 
 @dataclass(frozen=True)
@@ -93,6 +136,10 @@ class AttemptPlan:
     see the task, only the relay can. The plan's timeouts are then the defaults."""
     container: ContainerPlan | None = None
     """Set when isolation is 'container'."""
+    egress: EgressPlan | None = None
+    """Set when the cell's egress is policed (executor.config.egress mode 'proxy')."""
+    metering: MeteringPlan | None = None
+    """Set when an egress proxy meters the subject's model requests."""
 
     def to_json(self) -> str:
         """Serialize for the relay program (`python -m maka_eval.relay`)."""
@@ -116,9 +163,16 @@ class AttemptPlan:
                 **subject,
             )
             container = data.pop("container", None)
+            egress = data.pop("egress", None)
+            metering = data.pop("metering", None)
+            if metering is not None:
+                metering = MeteringPlan(**metering)
+                Prices.from_dict(metering.prices)  # refused here, not when it is needed
             plan = cls(
                 subject=launch,
                 container=ContainerPlan(**container) if container is not None else None,
+                egress=EgressPlan(**egress) if egress is not None else None,
+                metering=metering,
                 redact=tuple(data.pop("redact", ())),
                 hidden=tuple(data.pop("hidden", ())),
                 visible=tuple(data.pop("visible", ())),
@@ -170,4 +224,7 @@ def with_task_settings(plan: AttemptPlan) -> AttemptPlan:
         verifier_timeout_sec=task.verifier_timeout_sec or plan.verifier_timeout_sec,
         verifier_env={**task.verifier_env, **plan.verifier_env},
         task_dir=None,
+        # A task that allows no network gets none, whatever the experiment says: the
+        # subject leaves the Pod's policed network for an empty namespace of its own.
+        egress=None if task.network_mode == "no-network" else plan.egress,
     )

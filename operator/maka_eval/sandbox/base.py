@@ -65,6 +65,25 @@ class Layout:
     AGENT_LOGS_PATH = "/logs/agent"
 
 
+@dataclass(frozen=True)
+class Network:
+    """A network namespace the executor made and policed (egress enforcement): the
+    sandbox joins it instead of making its own, and shows the subject the files that go
+    with it. The subject holds neither CAP_NET_RAW nor CAP_NET_ADMIN in it."""
+
+    namespace: str
+    """Path of the namespace (/run/netns/NAME)."""
+    hosts: Mapping[str, str]
+    """Names pinned in /etc/hosts (name -> address): the proxy's."""
+    hosts_file: str
+    """Host file the process sandbox shows as /etc/hosts (this machine's, plus `hosts`);
+    a container gets `hosts` as its engine's extra hosts."""
+    resolv_file: str
+    """Host file shown as /etc/resolv.conf: no nameserver (no resolver is reachable)."""
+    ca_cert: str | None = None
+    """Host path of the proxy's CA certificate, shown read-only (see `path_of`)."""
+
+
 class Sandbox(Protocol):
     """Runs one attempt's processes; the relay owns everything else."""
 

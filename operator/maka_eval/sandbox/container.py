@@ -14,6 +14,11 @@ Harbor's way, on Docker or on Podman's compatible socket:
 - Quiescing the subject kills the helper and every process in the container but PID 1.
   When the subject exits on its own, what it left running stays up (a server the
   verifier queries) until `stop` removes the container.
+- With a policed network (`Network`: the cell's egress enforcement) the container joins
+  the executor's network namespace (Podman's `ns:` network mode; Docker has none),
+  without NET_RAW and NET_ADMIN, with the proxy's name as an extra host, a resolv.conf
+  that names no server, and the proxy's CA certificate at /maka/egress/ca.pem, all
+  read-only.
 - The verifier runs in a private mount namespace inside the container (a privileged exec
   that drops back to the container's capabilities and the verifier's user before
   tests/test.sh runs): its `/tests` and `/logs/verifier` are its own tmpfs, so nothing the
@@ -49,7 +54,7 @@ from maka_eval.relay.plan import ContainerPlan
 from maka_eval.relay.processes import MARKER_VARIABLE as ATTEMPT_MARKER
 from maka_eval.relay.processes import CancelToken, ProcessSupervisor, WaitEnd
 from maka_eval.sandbox import exec as exec_helper
-from maka_eval.sandbox.base import Isolation, Layout, Phase
+from maka_eval.sandbox.base import Isolation, Layout, Network, Phase
 
 ENGINE_SOCKETS = (
     "unix:///run/maka-eval/podman.sock",
@@ -70,6 +75,11 @@ TMP_BYTES = 1 << 30
 """Size of an attempt's /tmp (a tmpfs, as in the process sandbox)."""
 MAX_VERIFIER_BYTES = 256 << 20
 """What is taken of /logs/verifier (the rewards, and any report test.sh wrote)."""
+CA_CERT_PATH = "/maka/egress/ca.pem"
+"""Where a policed container sees the egress proxy's CA certificate (read-only)."""
+SUBJECT_CAP_DROP = ("NET_RAW", "NET_ADMIN")
+"""Dropped from a policed container (every process in it, the subject included): with
+them a process could write beneath the namespace's nftables policy or rewrite it."""
 HOST_ONLY_ENV = ("PATH", "HOME", "TMPDIR")
 """The relay's values for these name host folders: in the container, the image's PATH,
 the exec user's HOME and the image's TMPDIR apply, as in Harbor."""
@@ -539,8 +549,11 @@ class ContainerSandbox:
         *,
         task_id: str,
         labels: Mapping[str, str] | None = None,
+        network: Network | None = None,
     ) -> None:
         self.supervisor = supervisor
+        self.network = network
+        """The executor's policed namespace the container joins (Podman's `ns:` mode)."""
         self.attempt_id = attempt_id
         self.layout = layout
         self.plan = plan
@@ -576,6 +589,8 @@ class ContainerSandbox:
             paths[lay.frame_dir] = FRAME_DIR
         if self.plan.program and self._program:
             paths[self.plan.program] = self._program
+        if self.network is not None and self.network.ca_cert is not None:
+            paths[self.network.ca_cert] = CA_CERT_PATH
         return paths
 
     def path_of(self, phase: Phase, host_path: str) -> str:
@@ -619,6 +634,17 @@ class ContainerSandbox:
         }
         if plan.network == "no-network":
             kwargs["network_mode"] = "none"
+        elif self.network is not None:
+            net = self.network
+            # Podman joins a namespace by path; there is no resolver in it, so the proxy's
+            # name is pinned in /etc/hosts and resolv.conf names no server.
+            kwargs["network_mode"] = f"ns:{net.namespace}"
+            kwargs["extra_hosts"] = dict(net.hosts)
+            kwargs["cap_drop"] = list(SUBJECT_CAP_DROP)
+            volumes = {net.resolv_file: {"bind": "/etc/resolv.conf", "mode": "ro"}}
+            if net.ca_cert is not None:
+                volumes[net.ca_cert] = {"bind": CA_CERT_PATH, "mode": "ro"}
+            kwargs["volumes"] = volumes
         if plan.cpus:
             kwargs["nano_cpus"] = int(plan.cpus * 1e9)
         if plan.memory_mb:

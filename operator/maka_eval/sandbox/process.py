@@ -13,6 +13,11 @@ Two ways, chosen per attempt:
   subject's network (a server the subject left still answers on localhost) and is the
   only one that sees the tests and the verifier's log folder, so nothing the subject
   left running can write a reward.
+- With a policed network (`Network`, the cell's egress enforcement), the subject's
+  namespaces are made inside the executor's network namespace instead of a new one,
+  /etc/hosts pins the proxy's name, /etc/resolv.conf names no resolver, and the proxy's
+  CA certificate is shown read-only. The subject never holds CAP_NET_RAW or
+  CAP_NET_ADMIN (`SUBJECT_CAP_DROP`, dropped by setpriv as it is entered).
 - `PlainProcesses`: the attempt's processes carry a marker and the relay finds and
   kills them by it (see relay.processes). Nothing is hidden; the record says so.
 """
@@ -36,7 +41,7 @@ from maka_eval import strict_json
 from maka_eval.process_table import snapshot
 from maka_eval.relay.output import OutputCapture
 from maka_eval.relay.processes import CancelToken, ProcessSupervisor, WaitEnd
-from maka_eval.sandbox.base import Isolation, Layout, Phase
+from maka_eval.sandbox.base import Isolation, Layout, Network, Phase
 
 # Top-level folders the sandbox makes anew instead of showing the host's.
 _FRESH = frozenset({"proc", "dev", "tmp", "run", "lost+found"})
@@ -48,6 +53,10 @@ BWRAP_PROBE = (
 """The smallest sandbox: whether bubblewrap works here, and what it costs alone."""
 TMP_BYTES = 1 << 30
 """Size of a sandbox's own /tmp (memory-backed); TMPDIR points at the attempt's folder."""
+SUBJECT_CAP_DROP = ("net_raw", "net_admin")
+"""Capabilities the subject holds in no set (bounding and inheritable dropped, so no
+exec regains them): with them it could write beneath the network namespace's nftables
+policy (an AF_PACKET socket) or rewrite it. The relay's gate checks they are gone."""
 
 
 class _Supervised:
@@ -112,7 +121,11 @@ def namespaces_unavailable() -> str | None:
         return f"namespaces need Linux (this is {sys.platform})"
     if os.geteuid() != 0:
         return "namespaces need root (run maka-eval as root, or set isolation: none)"
-    for tool, package in (("bwrap", "bubblewrap"), ("nsenter", "util-linux")):
+    for tool, package in (
+        ("bwrap", "bubblewrap"),
+        ("nsenter", "util-linux"),
+        ("setpriv", "util-linux"),
+    ):
         if shutil.which(tool) is None:
             return f"'{tool}' is not installed (Debian package {package})"
     probe = subprocess.run(
@@ -246,8 +259,16 @@ class Namespaces(_Supervised):
 
     isolation = Isolation.NAMESPACES
 
-    def __init__(self, supervisor: ProcessSupervisor, attempt_id: str, layout: Layout) -> None:
+    def __init__(
+        self,
+        supervisor: ProcessSupervisor,
+        attempt_id: str,
+        layout: Layout,
+        network: Network | None = None,
+    ) -> None:
         super().__init__(supervisor, attempt_id, layout)
+        self.network = network
+        """The executor's policed namespace to join; None: a new one, loopback only."""
         self._subject: _Holder | None = None
         self._verifier: _Holder | None = None
         self._programs: list[subprocess.Popen[bytes]] = []
@@ -258,13 +279,19 @@ class Namespaces(_Supervised):
         args = [*_root_binds(), "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/run"]
         # /tmp is the attempt's own, in memory and capped: filling it hurts no one else.
         args += ["--size", str(TMP_BYTES), "--tmpfs", "/tmp"]
-        for hidden in _existing(lay.hidden):
-            args += ["--tmpfs", hidden]
-        for path in lay.visible:
-            if os.path.exists(path):
-                args += ["--ro-bind", path, path]
+        mounts = [(hidden, ["--tmpfs", hidden]) for hidden in _existing(lay.hidden)]
+        mounts += [(p, ["--ro-bind", p, p]) for p in lay.visible if os.path.exists(p)]
+        # Outer folders first (hidden before visible at the same depth): a visible folder
+        # that holds a hidden one -- the program's folder around the run folder or the
+        # work folder -- must not show it again.
+        for _, mount in sorted(mounts, key=lambda m: len(Path(m[0]).parts)):
+            args += mount
         for folder in (lay.workspace, lay.home, lay.tmp):
             args += ["--bind", folder, folder]
+        if self.network is not None:
+            # The policed namespace has no reachable resolver: the proxy's name is pinned.
+            args += ["--ro-bind", self.network.hosts_file, _etc_target("/etc/hosts")]
+            args += ["--ro-bind", self.network.resolv_file, _etc_target("/etc/resolv.conf")]
         return args
 
     def _subject_view(self) -> list[str]:
@@ -276,6 +303,8 @@ class Namespaces(_Supervised):
         args += ["--bind", lay.agent_logs, Layout.AGENT_LOGS_PATH]
         for host, inside in lay.subject_dirs.items():
             args += ["--ro-bind", host, host, "--ro-bind", host, inside]
+        if self.network is not None and self.network.ca_cert is not None:
+            args += ["--ro-bind", self.network.ca_cert, self.network.ca_cert]
         return args
 
     def _verifier_view(self) -> list[str]:
@@ -328,11 +357,13 @@ class Namespaces(_Supervised):
         # Created empty now: only the verifier's namespace ever sees them.
         Path(self.layout.tests).mkdir(parents=True, exist_ok=True)
         Path(self.layout.verifier_logs).mkdir(parents=True, exist_ok=True)
-        self._subject = self._holder(
-            [],
-            ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-net"],
-            self._subject_view(),
-        )
+        own = ["--unshare-pid", "--unshare-ipc", "--unshare-uts"]
+        if self.network is None:
+            self._subject = self._holder([], [*own, "--unshare-net"], self._subject_view())
+        else:
+            # The executor's namespace, with its policy already loaded.
+            join = ["nsenter", f"--net={self.network.namespace}", "--"]
+            self._subject = self._holder(join, own, self._subject_view())
         target = self._subject.ready()
         self._verifier = self._holder(
             ["nsenter", "--target", str(target), "--net", "--"],
@@ -360,7 +391,11 @@ class Namespaces(_Supervised):
         # directory (the workspace) are the holder's.
         # (The verifier's holder lives in the subject's network namespace.)
         namespaces = ("--pid", "--mount", "--ipc", "--uts", "--net")
-        command = ["nsenter", "--target", str(target), *namespaces, "-r", "-w", "--", *argv]
+        command = ["nsenter", "--target", str(target), *namespaces, "-r", "-w", "--"]
+        if phase is Phase.SUBJECT and SUBJECT_CAP_DROP:
+            drop = ",".join(f"-{cap}" for cap in SUBJECT_CAP_DROP)
+            command += ["setpriv", f"--inh-caps={drop}", f"--bounding-set={drop}", "--"]
+        command += argv
         proc = self.supervisor.spawn(command, cwd=cwd, env=env, stdout=stdout, stderr=stderr)
         self._programs.append(proc)
         return proc
@@ -396,12 +431,23 @@ class Namespaces(_Supervised):
         self.supervisor.end_attempt(self.attempt_id)
 
 
+def _etc_target(path: str) -> str:
+    """Where to mount over a file of /etc: its target when it is a link (e.g. into /run,
+    which the sandbox makes anew)."""
+    return os.path.realpath(path) if os.path.islink(path) else path
+
+
 def make_sandbox(
-    isolation: Isolation, supervisor: ProcessSupervisor, attempt_id: str, layout: Layout
+    isolation: Isolation,
+    supervisor: ProcessSupervisor,
+    attempt_id: str,
+    layout: Layout,
+    network: Network | None = None,
 ) -> PlainProcesses | Namespaces:
-    """The process backend the plan asks for."""
+    """The process backend the plan asks for. Plain processes cannot join `network`:
+    they run in this machine's namespace, and the relay's gate refuses to start them."""
     if isolation is Isolation.NAMESPACES:
-        return Namespaces(supervisor, attempt_id, layout)
+        return Namespaces(supervisor, attempt_id, layout, network)
     return PlainProcesses(supervisor, attempt_id, layout)
 
 

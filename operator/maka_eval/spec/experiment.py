@@ -22,6 +22,7 @@ from maka_eval.spec.base import (
     TaskPath,
     Text,
 )
+from maka_eval.spec.egress import EgressConfig
 from maka_eval.spec.subjects import Subject
 
 SCHEMA_VERSION = "maka.eval.v1"
@@ -70,6 +71,13 @@ class RuntimeHost(SpecModel):
     args: tuple[Text, ...] = Field(default=(), description="Arguments before the profile.")
 
 
+EGRESS_DESCRIPTION = (
+    "What subjects' network may reach (proxy with the contamination blocklist, or none). "
+    "Executor configuration, shared by all arms; subjects cannot override it. A task "
+    "whose task.toml sets allow_internet = false gets no network whatever this says."
+)
+
+
 class LocalExecutorConfig(SpecModel):
     """Settings of the embedded local executor (processes on this machine)."""
 
@@ -100,6 +108,7 @@ class LocalExecutorConfig(SpecModel):
             "processes for the others."
         ),
     )
+    egress: EgressConfig | None = Field(default=None, description=EGRESS_DESCRIPTION)
 
 
 class LocalExecutor(SpecModel):
@@ -213,6 +222,7 @@ class KubernetesExecutorConfig(SpecModel):
         default=None,
         description="ServiceAccount of attempt Pods; its token is never mounted.",
     )
+    egress: EgressConfig | None = Field(default=None, description=EGRESS_DESCRIPTION)
 
     def credential(self, name: str) -> SecretKey:
         """Where credential `name` comes from."""

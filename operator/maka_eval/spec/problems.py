@@ -17,6 +17,7 @@ from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
 from maka_eval.errors import Problem
+from maka_eval.spec.egress import misplaced_egress_message
 
 
 def _strip_annotated(tp: Any) -> Any:
@@ -137,6 +138,9 @@ def _message(error: ErrorDetails, walk: _Walk) -> str:
     if kind == "extra_forbidden":
         model = walk.model_at(loc)
         name = str(loc[-1])
+        misplaced = misplaced_egress_message(name)
+        if misplaced:
+            return misplaced
         if model is None:
             return f"unknown field '{name}'; remove it"
         allowed = _allowed_fields(model)

@@ -18,6 +18,7 @@ from typing import Any
 from maka_eval.errors import Problem
 from maka_eval.spec import ids
 from maka_eval.spec.base import ValueRule, nul_problem
+from maka_eval.spec.egress import block_entry_problem, subject_egress_problems
 from maka_eval.spec.paths import normal_task_dir, task_path_problem
 
 
@@ -87,6 +88,18 @@ CROSS_FIELD_RULES: tuple[CrossFieldRule, ...] = (
         "A subject has exactly the fields of its kind: external needs config.command, maka "
         "needs config.profile, oracle and nop take no config fields (the CRD merges the kinds "
         "into one object).",
+    ),
+    CrossFieldRule(
+        "egress-is-executor-configuration",
+        "A subject's config.env and config.credentialBindings name no proxy or CA variable "
+        "(HTTP_PROXY, NO_PROXY, SSL_CERT_FILE, REQUESTS_CA_BUNDLE, ... in any case): egress "
+        "is executor.config.egress, shared by all arms.",
+    ),
+    CrossFieldRule(
+        "egress-block-entries",
+        "Each executor.config.egress.block entry parses: a host, a host and path prefix, or "
+        "re:<regex> that compiles and does not match the empty text.",
+        checks=(block_entry_problem,),
     ),
     CrossFieldRule(
         "no-nul-bytes",
@@ -287,6 +300,7 @@ DOCUMENT_CHECKS: tuple[tuple[tuple[str, ...], DocumentCheck], ...] = (
     ),
     (("runtime-host-for-maka",), _runtime_host),
     (("kubernetes-executor-maps",), _kubernetes_maps),
+    (("egress-is-executor-configuration",), subject_egress_problems),
 )
 """Every check `cross_field_problems` runs, with the CROSS_FIELD_RULES it enforces."""
 

@@ -25,17 +25,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from maka_eval.contract.fields import ContractError
 from maka_eval.contract.record import AttemptRecord
-from maka_eval.engine.expand import cell_id
 from maka_eval.errors import Problem, StoreError
 from maka_eval.spec.documents import DocumentError, parse_json
+from maka_eval.store.attempts import TMP_PREFIX, read_cells
 from maka_eval.store.lock import LOCK_NAME, WriterLock
 from maka_eval.store.records import RUN_FORMAT, run_document
 
 EXPERIMENT_FILE = "experiment.json"
 CELLS_DIR = "cells"
-_TMP_PREFIX = ".tmp-"
+_TMP_PREFIX = TMP_PREFIX
 
 
 def cell_path(task_id: str, repetition: int, subject_id: str) -> Path:
@@ -193,49 +192,13 @@ def read_run(run_dir: Path) -> RunContents:
     StoreError only when experiment.json itself is missing or unreadable."""
     run_dir = Path(run_dir)
     contents = RunContents(run_dir, _read_document(run_dir))
-    problems = contents.damaged
     cells_root = run_dir / CELLS_DIR
-    for attempts_dir in sorted(cells_root.glob("*/*/*/attempts")):
-        rel = attempts_dir.parent.relative_to(cells_root).parts
-        cell = cell_id(rel[0], int(rel[1]) if rel[1].isdigit() else 0, rel[2])
-        numbers_with_records = set()
-        for entry in sorted(attempts_dir.iterdir()):
-            if entry.name.startswith(_TMP_PREFIX) or not entry.name.endswith(".json"):
-                continue
-            stem = entry.name.removesuffix(".json")
-            if stem.isdigit():  # a record, damaged or not, is not an interrupted attempt
-                numbers_with_records.add(int(stem))
-            try:
-                record = AttemptRecord.from_json(entry.read_bytes())
-            except (ContractError, OSError) as exc:
-                problems.append(
-                    Problem(str(entry), f"not a valid attempt record: {str(exc)[:200]}")
-                )
-                continue
-            if record.cell_id != cell or f"{record.attempt:04d}.json" != entry.name:
-                problems.append(
-                    Problem(
-                        str(entry),
-                        f"claims to be attempt {record.attempt} of "
-                        f"{record.cell_id}; records are never moved, so it was tampered with",
-                    )
-                )
-                continue
-            if record.run_id != contents.run_id:
-                problems.append(Problem(str(entry), "belongs to a different run"))
-                continue
-            contents.records.setdefault(cell, []).append(record)
-        for entry in attempts_dir.iterdir():
-            if (
-                entry.is_dir()
-                and entry.name.isdigit()
-                and int(entry.name) not in numbers_with_records
-            ):
-                contents.interrupted.setdefault(cell, []).append(int(entry.name))
-    for records in contents.records.values():
-        records.sort(key=lambda r: r.attempt)
-    for numbers in contents.interrupted.values():
-        numbers.sort()
+    if not cells_root.is_dir():
+        return contents
+    read = read_cells(str(cells_root), contents.run_id)
+    contents.records = read.records
+    contents.interrupted = read.interrupted
+    contents.damaged = read.damaged
     return contents
 
 

@@ -1,0 +1,802 @@
+"""The cluster's egress gateway: the only destination an attempt Pod's network allows.
+
+Attempt Pods reach the outside world through their egress sidecar (mitmproxy with the
+blocklist, audit, web-tool stripping and metering addons), and the sidecar reaches it
+only through this gateway, a Deployment in the operator's namespace: the Pod's
+NetworkPolicy allows egress to the gateway's Pods and nothing else, DNS included. A
+NetworkPolicy cannot tell the sidecar from the subject (they share the Pod's network),
+so the gateway asks for what only the sidecar holds: the attempt's credential
+(`egress.credential`), mounted from a Secret into the sidecar alone. A subject that
+unsets the proxy variables, speaks raw TCP or asks DNS reaches nothing; one that talks
+to the gateway itself has no credential and is refused.
+
+For a request with a valid credential the gateway
+- resolves the destination itself and refuses it when ANY address it resolves to is
+  loopback, private, link-local, shared, reserved or a cloud metadata address (IPv4
+  inside IPv6 unwrapped), then connects to an address it checked -- never to the name
+  again, so an answer that changes between the check and the connect (DNS rebinding)
+  cannot slip through;
+- applies the contamination blocklist (`EgressPolicy.check_host`, and `check_url` for
+  plain-HTTP requests) as a second line behind the sidecar's;
+- writes every decision to stdout as one JSON object a line (the audit log).
+
+Missing or forged credential: 407. Refused destination: 403 with the reason. Plain HTTP
+requests (absolute-form) are forwarded one per connection; CONNECT tunnels carry TLS.
+`GET /healthz` (origin-form) answers 200 for the Deployment's probes.
+
+Run: `python -m maka_eval.egress.gateway --key-file /etc/maka-eval/gateway/key`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import ipaddress
+import json
+import signal
+import socket
+import sys
+import time
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, TextIO
+from urllib.parse import urlsplit
+
+from maka_eval.egress import credential
+from maka_eval.egress.policy import EgressPolicy, PolicyError, Verdict
+
+DEFAULT_PORT = 3128
+HEAD_LIMIT = 64 * 1024
+"""Largest request or response head (request line and headers) the gateway reads."""
+REALM = "maka-eval egress gateway"
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+METADATA_ADDRESSES: frozenset[IPAddress] = frozenset(
+    ipaddress.ip_address(a)
+    for a in (
+        "169.254.169.254",  # AWS, GCP, Azure, OpenStack, Oracle, DigitalOcean
+        "169.254.170.2",  # AWS ECS task metadata and credentials
+        "169.254.169.253",  # AWS VPC DNS
+        "fd00:ec2::254",  # AWS IMDS over IPv6
+        "fd00:ec2::253",
+        "100.100.100.200",  # Alibaba Cloud
+    )
+)
+"""Refused even when an --allow-private range covers them."""
+METADATA_HOSTS = frozenset(
+    {
+        "metadata",
+        "metadata.google.internal",
+        "metadata.goog",
+        "instance-data",
+        "instance-data.ec2.internal",
+        "metadata.azure.internal",
+        "metadata.tencentyun.com",
+    }
+)
+"""Cloud metadata names, refused before any DNS query."""
+_NAT64 = ipaddress.ip_network("64:ff9b::/96")
+_SHARED = ipaddress.ip_network("100.64.0.0/10")
+_HOST_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789-._")
+_HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "proxy-connection",
+        "keep-alive",
+        "proxy-authorization",
+        "proxy-authenticate",
+        "te",
+        "trailer",
+        "upgrade",
+        "expect",
+    }
+)
+_REASONS = {
+    200: "OK",
+    400: "Bad Request",
+    403: "Forbidden",
+    405: "Method Not Allowed",
+    407: "Proxy Authentication Required",
+    431: "Request Header Fields Too Large",
+    501: "Not Implemented",
+    502: "Bad Gateway",
+    504: "Gateway Timeout",
+}
+
+
+class Refusal(Exception):
+    """A request the gateway answers with an error status and a reason."""
+
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(f"{status}: {reason}")
+        self.status = status
+        self.reason = reason
+
+
+def _policy_refusal(verdict: Verdict) -> str | None:
+    """The reason of a blocking verdict, None for an allowing one."""
+    return verdict.reason if verdict.blocked else None
+
+
+# -- destinations ------------------------------------------------------------------------
+
+
+def unwrap(address: IPAddress) -> IPAddress:
+    """The IPv4 address an IPv6 address carries (mapped, NAT64, 6to4), else itself."""
+    if isinstance(address, ipaddress.IPv6Address):
+        if address.ipv4_mapped is not None:
+            return address.ipv4_mapped
+        if address in _NAT64:
+            return ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
+        if address.sixtofour is not None:
+            return address.sixtofour
+    return address
+
+
+def address_refusal(address: str | IPAddress, allow: Sequence[IPNetwork] = ()) -> str | None:
+    """Why the gateway must not connect to `address`, or None. Only public (global
+    unicast) addresses pass, and those in `allow`; cloud metadata addresses never do."""
+    if isinstance(address, str):
+        try:
+            address = ipaddress.ip_address(address.split("%", 1)[0])
+        except ValueError:
+            return f"{address!r} is not an IP address"
+    inner = unwrap(address)
+    shown = str(address) if inner == address else f"{address} ({inner})"
+    if address in METADATA_ADDRESSES or inner in METADATA_ADDRESSES:
+        return f"{shown} is a cloud metadata address"
+    if any(inner.version == net.version and inner in net for net in allow):
+        return None
+    if inner.is_unspecified:
+        return f"{shown} is the unspecified address"
+    if inner.is_loopback:
+        return f"{shown} is a loopback address"
+    if inner.is_link_local:
+        return f"{shown} is a link-local address"
+    if inner.is_multicast:
+        return f"{shown} is a multicast address"
+    if inner.is_reserved:
+        return f"{shown} is a reserved address"
+    if inner.is_private or (isinstance(inner, ipaddress.IPv4Address) and inner in _SHARED):
+        return f"{shown} is a private address"
+    if not inner.is_global:
+        return f"{shown} is a reserved address"
+    return None
+
+
+def host_refusal(host: str) -> str | None:
+    """Why a destination name is refused before it is resolved, or None."""
+    if host in METADATA_HOSTS:
+        return f"{host} is a cloud metadata name"
+    if host == "localhost" or host.endswith(".localhost"):
+        return f"{host} names this machine"
+    return None
+
+
+def normalize_host(host: str) -> str:
+    """Lowercase, without the trailing dot or IPv6 brackets; Refusal(400) if malformed."""
+    text = host.strip()
+    if text.startswith("[") and text.endswith("]"):
+        text = text[1:-1]
+        try:
+            return str(ipaddress.IPv6Address(text))
+        except ValueError:
+            raise Refusal(400, f"{host!r} is not an IPv6 address") from None
+    text = text.lower().rstrip(".")
+    if not text or len(text) > 253 or not set(text) <= _HOST_CHARS:
+        raise Refusal(400, f"{host!r} is not a host name")
+    return text
+
+
+def split_authority(authority: str) -> tuple[str, int]:
+    """`host:port` (IPv6 in brackets) of a CONNECT request."""
+    head, sep, port_text = authority.rpartition(":")
+    if not sep or not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        raise Refusal(400, f"CONNECT target {authority!r} is not host:port")
+    if ":" in head and not head.startswith("["):
+        raise Refusal(400, f"CONNECT target {authority!r}: put an IPv6 address in brackets")
+    return normalize_host(head), int(port_text)
+
+
+Resolver = Callable[[str, int], Awaitable[list[str]]]
+
+
+async def system_resolve(host: str, port: int) -> list[str]:
+    """Every address the system resolver gives for `host`, in its order."""
+    infos = await asyncio.get_running_loop().getaddrinfo(
+        host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP
+    )
+    return list(dict.fromkeys(str(info[4][0]) for info in infos))
+
+
+# -- requests --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Head:
+    """A parsed HTTP/1.x request or response head."""
+
+    start: tuple[str, str, str]
+    """(method, target, version) of a request; (version, status, reason) of a response."""
+    headers: tuple[tuple[str, str], ...]
+
+    def values(self, name: str) -> list[str]:
+        lowered = name.lower()
+        return [v for k, v in self.headers if k.lower() == lowered]
+
+    def get(self, name: str) -> str | None:
+        found = self.values(name)
+        return found[0] if found else None
+
+
+def parse_head(data: bytes, *, response: bool = False) -> Head:
+    """Parse a head ending in CRLF CRLF; Refusal(400) (502 for a response) if malformed."""
+    status = 502 if response else 400
+    try:
+        text = data.decode("iso-8859-1")
+    except UnicodeDecodeError:  # pragma: no cover - latin-1 decodes every byte
+        raise Refusal(status, "undecodable head") from None
+    lines = text[: -len("\r\n\r\n")].split("\r\n") if text.endswith("\r\n\r\n") else []
+    if not lines:
+        raise Refusal(status, "incomplete head")
+    parts = lines[0].split(" ", 2)
+    if response:
+        if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit():
+            raise Refusal(status, f"malformed status line {lines[0][:100]!r}")
+        start = (parts[0], parts[1], parts[2] if len(parts) == 3 else "")
+    else:
+        if len(parts) != 3 or not parts[2].startswith("HTTP/1.") or not parts[0].isalpha():
+            raise Refusal(status, f"malformed request line {lines[0][:100]!r}")
+        start = (parts[0], parts[1], parts[2])
+    headers = []
+    for line in lines[1:]:
+        name, sep, value = line.partition(":")
+        if not sep or not name or name != name.strip() or any(c in name for c in " \t"):
+            raise Refusal(status, f"malformed header line {line[:100]!r}")
+        headers.append((name, value.strip()))
+    return Head(start, tuple(headers))
+
+
+def _response(status: int, reason: str, extra: Mapping[str, str] | None = None) -> bytes:
+    body = (reason + "\n").encode()
+    lines = [
+        f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}",
+        "Content-Type: text/plain; charset=utf-8",
+        f"Content-Length: {len(body)}",
+        "Connection: close",
+        *(f"{k}: {v}" for k, v in (extra or {}).items()),
+    ]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
+
+
+@dataclass(frozen=True)
+class Destination:
+    """Where a request goes: host as asked, port, and (plain HTTP) the forwarded parts."""
+
+    host: str
+    port: int
+    url: str
+    path: str = ""
+    """The origin-form target of a plain-HTTP request (empty for CONNECT)."""
+
+
+def destination_of(head: Head) -> Destination:
+    """The destination of a CONNECT or an absolute-form request; Refusal(400) otherwise."""
+    method, target, _ = head.start
+    if method == "CONNECT":
+        host, port = split_authority(target)
+        shown = f"[{host}]" if ":" in host else host
+        return Destination(host, port, f"https://{shown}:{port}")
+    parts = urlsplit(target)
+    if parts.scheme.lower() != "http" or not parts.netloc:
+        if parts.scheme.lower() == "https":
+            raise Refusal(400, "send https:// requests through CONNECT")
+        raise Refusal(400, f"not a proxy request: {target[:200]!r}")
+    if "@" in parts.netloc:
+        raise Refusal(400, "user information in the request URL is refused")
+    try:
+        port = parts.port or 80
+    except ValueError:
+        raise Refusal(400, f"bad port in {target[:200]!r}") from None
+    hostname = parts.hostname or ""
+    host = normalize_host(f"[{hostname}]" if ":" in hostname else hostname)
+    path = parts.path or "/"
+    if parts.query:
+        path += "?" + parts.query
+    return Destination(host, port, target, path)
+
+
+# -- the gateway ---------------------------------------------------------------------------
+
+
+def _stamp() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def json_lines(stream: TextIO) -> Callable[[Mapping[str, Any]], None]:
+    """An audit sink writing one JSON object a line to `stream`, flushed at once."""
+
+    def write(event: Mapping[str, Any]) -> None:
+        stream.write(json.dumps(event, separators=(",", ":"), sort_keys=True) + "\n")
+        stream.flush()
+
+    return write
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What the gateway enforces."""
+
+    keys: tuple[bytes, ...]
+    policy: EgressPolicy | None = None
+    allow_private: tuple[IPNetwork, ...] = ()
+    """Ranges let through although not public: for tests' loopback upstreams only."""
+    connect_timeout: float = 10.0
+    head_timeout: float = 30.0
+    idle_timeout: float = 900.0
+    """A tunnel or forward with no byte in either direction this long is closed."""
+
+
+@dataclass
+class _Exchange:
+    """One client connection, for the audit line."""
+
+    client: str
+    identity: str | None = None
+    method: str = ""
+    destination: Destination | None = None
+    address: str | None = None
+    sent: int = 0
+    received: int = 0
+    started: float = field(default_factory=time.monotonic)
+    active: float = field(default_factory=time.monotonic)
+    """When a byte last moved, in either direction (the idle timeout's clock)."""
+
+
+class Gateway:
+    """Serves proxy requests; `serve()` starts listening."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        resolve: Resolver = system_resolve,
+        audit: Callable[[Mapping[str, Any]], None] | None = None,
+    ) -> None:
+        if not settings.keys:
+            raise ValueError("the gateway needs at least one key")
+        self.settings = settings
+        self.resolve = resolve
+        self.audit = audit or json_lines(sys.stdout)
+
+    async def serve(self, host: str | None, port: int) -> asyncio.Server:
+        """Listen on host:port (all interfaces for None)."""
+        return await asyncio.start_server(
+            self._handle, host, port, limit=HEAD_LIMIT, reuse_address=True
+        )
+
+    # -- one connection ------------------------------------------------------------------
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        peer = writer.get_extra_info("peername")
+        exchange = _Exchange(client=str(peer[0]) if peer else "?")
+        upstream: asyncio.StreamWriter | None = None
+        try:
+            try:
+                data = await asyncio.wait_for(
+                    reader.readuntil(b"\r\n\r\n"), self.settings.head_timeout
+                )
+            except (asyncio.IncompleteReadError, TimeoutError, ConnectionError):
+                return
+            except asyncio.LimitOverrunError:
+                raise Refusal(431, f"the request head is larger than {HEAD_LIMIT} bytes") from None
+            head = parse_head(data)
+            exchange.method = head.start[0]
+            if head.start[1].startswith("/"):
+                if head.start[0] == "GET" and head.start[1] == "/healthz":
+                    writer.write(_response(200, "ok"))
+                    await writer.drain()
+                    return
+                raise Refusal(400, "this is a proxy: send CONNECT or an absolute URL")
+            exchange.identity = credential.verify(
+                self.settings.keys, head.get("Proxy-Authorization")
+            )
+            if exchange.identity is None:
+                missing = head.get("Proxy-Authorization") is None
+                raise Refusal(
+                    407,
+                    "no attempt credential" if missing else "the attempt credential is not valid",
+                )
+            framing = _body_framing(head) if head.start[0] != "CONNECT" else ("none", 0)
+            exchange.destination = destination = destination_of(head)
+            addresses = await self._check(destination, plain=head.start[0] != "CONNECT")
+            up_reader, upstream, exchange.address = await self._connect(addresses, destination.port)
+            self._audit(exchange, "allow", 200)
+            if head.start[0] == "CONNECT":
+                writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
+                await writer.drain()
+                await self._tunnel(exchange, reader, writer, up_reader, upstream)
+            else:
+                await self._forward(exchange, head, framing, reader, writer, up_reader, upstream)
+            self._audit(exchange, "end", None)
+        except Refusal as refusal:
+            decision = "deny" if refusal.status < 500 else "error"
+            self._audit(exchange, decision, refusal.status, refusal.reason)
+            extra = (
+                {"Proxy-Authenticate": f'Basic realm="{REALM}"'} if refusal.status == 407 else None
+            )
+            with contextlib.suppress(ConnectionError):
+                writer.write(_response(refusal.status, refusal.reason, extra))
+                await writer.drain()
+        except (ConnectionError, TimeoutError, asyncio.IncompleteReadError) as exc:
+            if exchange.destination is not None:
+                self._audit(exchange, "end", None, f"connection ended: {type(exc).__name__}")
+        except Exception as exc:  # one connection's failure never stops the gateway
+            self._audit(exchange, "error", None, f"{type(exc).__name__}: {exc}"[:500])
+        finally:
+            for w in (upstream, writer):
+                if w is not None:
+                    w.close()
+                    with contextlib.suppress(Exception):
+                        await w.wait_closed()
+
+    async def _check(self, destination: Destination, *, plain: bool) -> list[str]:
+        """The addresses to connect to; Refusal(403) when the destination is refused."""
+        host, port = destination.host, destination.port
+        reason = host_refusal(host)
+        if reason:
+            raise Refusal(403, reason)
+        policy = self.settings.policy
+        if policy is not None:
+            reason = _policy_refusal(policy.check_host(host, port))
+            if reason is None and plain:
+                reason = _policy_refusal(policy.check_url(destination.url))
+            if reason:
+                raise Refusal(403, f"{host} is blocked: {reason}")
+        try:
+            literal: IPAddress | None = ipaddress.ip_address(host)
+        except ValueError:
+            literal = None
+        if literal is not None:
+            addresses = [str(literal)]
+        else:
+            try:
+                addresses = await asyncio.wait_for(
+                    self.resolve(host, port), self.settings.connect_timeout
+                )
+            except (OSError, TimeoutError) as exc:
+                raise Refusal(502, f"cannot resolve {host}: {exc}") from None
+            if not addresses:
+                raise Refusal(502, f"{host} resolves to no address")
+        for address in addresses:
+            reason = address_refusal(address, self.settings.allow_private)
+            if reason:
+                shown = "" if literal is not None else f"{host} resolves to "
+                raise Refusal(403, f"{shown}{reason}")
+        return addresses
+
+    async def _connect(
+        self, addresses: Sequence[str], port: int
+    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, str]:
+        """A connection to the first checked address that answers (by address, never
+        by name: what was checked is what is reached)."""
+        errors = []
+        for address in addresses:
+            try:
+                reader, writer = await asyncio.wait_for(
+                    asyncio.open_connection(address, port, limit=HEAD_LIMIT),
+                    self.settings.connect_timeout,
+                )
+            except (OSError, TimeoutError) as exc:
+                errors.append(f"{address}: {exc or type(exc).__name__}")
+                continue
+            return reader, writer, address
+        raise Refusal(502, f"cannot connect to port {port}: " + "; ".join(errors))
+
+    # -- moving bytes -------------------------------------------------------------------
+    async def _pipe(
+        self,
+        exchange: _Exchange,
+        source: asyncio.StreamReader,
+        sink: asyncio.StreamWriter,
+        count: Callable[[int], None],
+    ) -> None:
+        idle = self.settings.idle_timeout
+        while True:
+            try:
+                data = await asyncio.wait_for(source.read(65536), idle)
+            except TimeoutError:
+                # Idle means idle both ways: a long download with a silent client is not.
+                if time.monotonic() - exchange.active < idle:
+                    continue
+                raise
+            if not data:
+                break
+            exchange.active = time.monotonic()
+            sink.write(data)
+            count(len(data))
+            await sink.drain()
+        if sink.can_write_eof():
+            with contextlib.suppress(OSError):
+                sink.write_eof()
+
+    async def _tunnel(
+        self,
+        exchange: _Exchange,
+        client_reader: asyncio.StreamReader,
+        client: asyncio.StreamWriter,
+        up_reader: asyncio.StreamReader,
+        upstream: asyncio.StreamWriter,
+    ) -> None:
+        def sent(n: int) -> None:
+            exchange.sent += n
+
+        def received(n: int) -> None:
+            exchange.received += n
+
+        # Each direction ends on its own (a half-close is passed on); an error in one
+        # ends the other.
+        pipes = [
+            asyncio.create_task(self._pipe(exchange, client_reader, upstream, sent)),
+            asyncio.create_task(self._pipe(exchange, up_reader, client, received)),
+        ]
+        try:
+            await asyncio.gather(*pipes)
+        finally:
+            for pipe in pipes:
+                pipe.cancel()
+            await asyncio.gather(*pipes, return_exceptions=True)
+
+    async def _forward(
+        self,
+        exchange: _Exchange,
+        head: Head,
+        framing: tuple[str, int],
+        client_reader: asyncio.StreamReader,
+        client: asyncio.StreamWriter,
+        up_reader: asyncio.StreamReader,
+        upstream: asyncio.StreamWriter,
+    ) -> None:
+        """One plain-HTTP request, re-serialized, then its response; the connection
+        closes after it (no second request can ride on a checked connection)."""
+        destination = exchange.destination
+        assert destination is not None
+        method, _, _ = head.start
+        listed = {
+            token.strip().lower()
+            for value in head.values("Connection")
+            for token in value.split(",")
+            if token.strip()
+        }
+        lines = [f"{method} {destination.path} HTTP/1.1"]
+        netloc = f"[{destination.host}]" if ":" in destination.host else destination.host
+        lines.append(f"Host: {netloc}" + (f":{destination.port}" if destination.port != 80 else ""))
+        for name, value in head.headers:
+            lowered = name.lower()
+            if lowered in _HOP_BY_HOP or lowered in listed or lowered == "host":
+                continue
+            lines.append(f"{name}: {value}")
+        lines.append("Connection: close")
+        upstream.write(("\r\n".join(lines) + "\r\n\r\n").encode("iso-8859-1"))
+        kind, length = framing
+        if kind != "none" and any(
+            v.strip().lower() == "100-continue" for v in head.values("Expect")
+        ):
+            client.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            await client.drain()
+        if kind == "length":
+            exchange.sent += await _copy_exactly(client_reader, upstream, length)
+        elif kind == "chunked":
+            exchange.sent += await _copy_chunked(client_reader, upstream)
+        await upstream.drain()
+        while True:
+            try:
+                data = await asyncio.wait_for(
+                    up_reader.readuntil(b"\r\n\r\n"), self.settings.idle_timeout
+                )
+            except asyncio.LimitOverrunError:
+                raise Refusal(502, "the upstream response head is too large") from None
+            except asyncio.IncompleteReadError:
+                raise Refusal(502, "the upstream closed without a response") from None
+            response = parse_head(data, response=True)
+            status = int(response.start[1])
+            if 100 <= status < 200 and status != 101:
+                client.write(data)  # interim responses (103 Early Hints) pass as they are
+                continue
+            break
+        if status == 101:
+            raise Refusal(502, "protocol upgrades are not forwarded")
+        out = [" ".join(p for p in response.start if p)]
+        for name, value in response.headers:
+            if name.lower() not in ("connection", "keep-alive", "proxy-connection"):
+                out.append(f"{name}: {value}")
+        out.append("Connection: close")
+        client.write(("\r\n".join(out) + "\r\n\r\n").encode("iso-8859-1"))
+
+        def received(n: int) -> None:
+            exchange.received += n
+
+        await self._pipe(exchange, up_reader, client, received)
+
+    def _audit(
+        self, exchange: _Exchange, decision: str, status: int | None, reason: str = ""
+    ) -> None:
+        destination = exchange.destination
+        event: dict[str, Any] = {
+            "time": _stamp(),
+            "event": "egress",
+            "decision": decision,
+            "client": exchange.client,
+            "identity": exchange.identity,
+            "method": exchange.method or None,
+        }
+        if destination is not None:
+            event.update(host=destination.host, port=destination.port)
+            if destination.path:
+                event["url"] = destination.url[:2000]
+        if exchange.address is not None:
+            event["address"] = exchange.address
+        if status is not None:
+            event["status"] = status
+        if reason:
+            event["reason"] = reason
+        if decision == "end":
+            event.update(
+                sent=exchange.sent,
+                received=exchange.received,
+                seconds=round(time.monotonic() - exchange.started, 3),
+            )
+        self.audit(event)
+
+
+def _body_framing(head: Head) -> tuple[str, int]:
+    """('none'|'length'|'chunked', length) of a request body; Refusal(400) for framing
+    that two parsers could read differently (the classic request-smuggling shapes)."""
+    encodings = head.values("Transfer-Encoding")
+    lengths = head.values("Content-Length")
+    if encodings:
+        if lengths:
+            raise Refusal(400, "both Transfer-Encoding and Content-Length")
+        tokens = [t.strip().lower() for v in encodings for t in v.split(",") if t.strip()]
+        if tokens != ["chunked"]:
+            raise Refusal(501, f"transfer encoding {', '.join(tokens)!r} is not supported")
+        return "chunked", 0
+    if lengths:
+        values = {v.strip() for v in lengths}
+        if len(values) != 1 or not next(iter(values)).isdigit():
+            raise Refusal(400, f"bad Content-Length {', '.join(lengths)!r}")
+        return "length", int(next(iter(values)))
+    return "none", 0
+
+
+async def _copy_exactly(
+    source: asyncio.StreamReader, sink: asyncio.StreamWriter, length: int
+) -> int:
+    left = length
+    while left:
+        data = await source.read(min(left, 65536))
+        if not data:
+            raise asyncio.IncompleteReadError(b"", left)
+        sink.write(data)
+        left -= len(data)
+        await sink.drain()
+    return length
+
+
+async def _copy_chunked(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> int:
+    total = 0
+    while True:
+        line = await source.readuntil(b"\r\n")
+        size_text = line.split(b";", 1)[0].strip()
+        try:
+            size = int(size_text, 16)
+        except ValueError:
+            raise Refusal(400, "malformed chunk size") from None
+        sink.write(line)
+        if size == 0:
+            while True:  # trailers, up to the empty line
+                trailer = await source.readuntil(b"\r\n")
+                sink.write(trailer)
+                if trailer == b"\r\n":
+                    await sink.drain()
+                    return total
+        total += await _copy_exactly(source, sink, size)
+        if await source.readexactly(2) != b"\r\n":
+            raise Refusal(400, "malformed chunk")
+        sink.write(b"\r\n")
+
+
+# -- the program ---------------------------------------------------------------------------
+
+
+def read_keys(paths: Iterable[Path]) -> tuple[bytes, ...]:
+    """The keys in these files (the first signs nothing here; all verify)."""
+    return tuple(credential.load_key(Path(p).read_bytes()) for p in paths)
+
+
+def _networks(values: Iterable[str]) -> tuple[IPNetwork, ...]:
+    return tuple(ipaddress.ip_network(v, strict=False) for v in values)
+
+
+def _load_policy(path: Path | None, preset: str) -> EgressPolicy:
+    return EgressPolicy.from_file(path) if path is not None else EgressPolicy(preset)
+
+
+def parser() -> argparse.ArgumentParser:
+    """The gateway's command line."""
+    p = argparse.ArgumentParser(
+        prog="python -m maka_eval.egress.gateway",
+        description="maka-eval's egress gateway: forwards only requests carrying a valid "
+        "attempt credential, to public addresses only, and audits every decision on stdout.",
+    )
+    p.add_argument("--host", default=None, help="address to listen on (default: all)")
+    p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"default {DEFAULT_PORT}")
+    p.add_argument(
+        "--key-file",
+        action="append",
+        type=Path,
+        required=True,
+        help="file holding the gateway key (repeat during a key rotation: any key verifies)",
+    )
+    p.add_argument(
+        "--policy",
+        type=Path,
+        default=None,
+        help="EgressPolicy JSON file whose host blocklist is applied too",
+    )
+    p.add_argument(
+        "--preset",
+        default="terminal-bench",
+        help="the blocklist preset applied when no --policy is given (default "
+        "terminal-bench; 'none' for no blocklist)",
+    )
+    p.add_argument(
+        "--allow-private",
+        action="append",
+        default=[],
+        metavar="CIDR",
+        help="let through this non-public range (tests: a loopback upstream); cloud "
+        "metadata addresses stay refused",
+    )
+    p.add_argument("--connect-timeout", type=float, default=10.0)
+    p.add_argument("--idle-timeout", type=float, default=900.0)
+    return p
+
+
+async def _serve(args: argparse.Namespace) -> None:
+    settings = Settings(
+        keys=read_keys(args.key_file),
+        policy=_load_policy(args.policy, args.preset),
+        allow_private=_networks(args.allow_private),
+        connect_timeout=args.connect_timeout,
+        idle_timeout=args.idle_timeout,
+    )
+    gateway = Gateway(settings)
+    server = await gateway.serve(args.host, args.port)
+    ports = sorted({int(s.getsockname()[1]) for s in server.sockets})
+    gateway.audit({"time": _stamp(), "event": "listening", "ports": ports})
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    async with server:
+        await stop.wait()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the gateway until SIGTERM."""
+    args = parser().parse_args(argv)
+    try:
+        asyncio.run(_serve(args))
+    except (OSError, ValueError, PolicyError) as exc:
+        print(f"egress gateway: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,135 @@
+"""Model prices: USD per million tokens, per model name, for each kind of token.
+
+A price list is experiment configuration (the subject cannot change it). Cost is only
+ever computed for a complete metered figure and only when every model that used tokens
+has a price: a guessed price would enter the result kernel as if it were known.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from maka_eval import strict_json
+from maka_eval.engine.usage import Usage
+
+PER_MILLION = 1_000_000
+MAX_MODELS = 256
+MODEL_NAME_LIMIT = 200
+_PRICE_KEYS = {
+    "inputPerMTok": "input",
+    "outputPerMTok": "output",
+    "cacheReadPerMTok": "cache_read",
+    "cacheWritePerMTok": "cache_write",
+}
+
+
+class PricesError(ValueError):
+    """A price list is malformed."""
+
+
+@dataclass(frozen=True)
+class ModelPrice:
+    """USD per million tokens of one model."""
+
+    input: float
+    output: float
+    cache_read: float
+    cache_write: float
+
+    def __post_init__(self) -> None:
+        for name in ("input", "output", "cache_read", "cache_write"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise PricesError(f"{name} must be a number")
+            if not math.isfinite(value) or value < 0:
+                raise PricesError(f"{name} must be a finite, non-negative number")
+
+    def cost(self, usage: Usage) -> float:
+        """What `usage` of this model cost, in USD."""
+        return (
+            usage.input_tokens * self.input
+            + usage.output_tokens * self.output
+            + usage.cached_input_tokens * self.cache_read
+            + usage.cache_write_tokens * self.cache_write
+        ) / PER_MILLION
+
+
+@dataclass(frozen=True)
+class Prices:
+    """Prices by model name. A name ending in '*' prices every model it prefixes
+    (`gpt-4o*` covers `gpt-4o-2024-08-06`); an exact name wins, then the longest prefix."""
+
+    models: Mapping[str, ModelPrice] = field(default_factory=dict)
+
+    def for_model(self, model: str) -> ModelPrice | None:
+        """The price of `model`, or None when the list does not name it."""
+        exact = self.models.get(model)
+        if exact is not None:
+            return exact
+        best: tuple[int, ModelPrice] | None = None
+        for name, price in self.models.items():
+            matches = name.endswith("*") and model.startswith(name[:-1])
+            if matches and (best is None or len(name) > best[0]):
+                best = (len(name), price)
+        return best[1] if best else None
+
+    def cost(self, usage_by_model: Mapping[str, Usage]) -> tuple[float | None, tuple[str, ...]]:
+        """Total USD of the usage, and the models without a price. The cost is None when
+        any model that used tokens has no price."""
+        total = 0.0
+        unpriced = []
+        for model, usage in sorted(usage_by_model.items()):
+            if usage.total_tokens == 0:
+                continue
+            price = self.for_model(model)
+            if price is None:
+                unpriced.append(model)
+                continue
+            total += price.cost(usage)
+        if unpriced:
+            return None, tuple(unpriced)
+        return round(total, 9), ()
+
+    # -- the wire form ----------------------------------------------------------------
+    def to_dict(self) -> dict[str, dict[str, float]]:
+        """{model: {inputPerMTok, outputPerMTok, cacheReadPerMTok, cacheWritePerMTok}}."""
+        return {
+            name: {wire: getattr(price, attr) for wire, attr in _PRICE_KEYS.items()}
+            for name, price in sorted(self.models.items())
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Prices:
+        """Parse the wire form strictly: every price named, nothing else."""
+        if not isinstance(data, Mapping):
+            raise PricesError("prices must be an object of model name -> prices")
+        if len(data) > MAX_MODELS:
+            raise PricesError(f"prices name more than {MAX_MODELS} models")
+        models: dict[str, ModelPrice] = {}
+        for name, entry in data.items():
+            if not isinstance(name, str) or not name or len(name) > MODEL_NAME_LIMIT:
+                raise PricesError(f"a model name must be 1 to {MODEL_NAME_LIMIT} characters")
+            if not isinstance(entry, Mapping) or set(entry) != set(_PRICE_KEYS):
+                raise PricesError(
+                    f"prices of '{name}' must have exactly {', '.join(sorted(_PRICE_KEYS))}"
+                )
+            try:
+                models[name] = ModelPrice(**{_PRICE_KEYS[k]: v for k, v in entry.items()})
+            except PricesError as exc:
+                raise PricesError(f"prices of '{name}': {exc}") from None
+        return cls(models)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> Prices:
+        try:
+            data = strict_json.loads(text)
+        except ValueError as exc:
+            raise PricesError(f"prices are not valid JSON: {exc}") from None
+        return cls.from_dict(data)

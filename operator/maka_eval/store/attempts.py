@@ -1,0 +1,260 @@
+"""Reading the cells of a run: their attempt records, interrupted attempts, damaged files.
+
+    <cells>/<task>/<rep>/<subject>/attempts/0001.json   a record, written once
+    <cells>/<task>/<rep>/<subject>/attempts/0001/       its artifacts; an attempt
+                                                        directory without a record is
+                                                        an interrupted attempt
+
+A report reads every record of a run, 100,000 of them for a large one, at over 100 µs
+of CPU each on a small machine: listing, reading, strict JSON, validation. So each
+directory is listed once and nothing is stat'ed (os.scandir gives the file types), each
+record is read with one open and a bounded read, the garbage collector is paused (the
+records form no cycles), and a large run is read by two processes: a helper reads the
+second half of the task directories while this process reads the first, and sends its
+records back pickled.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import os
+import pickle
+import subprocess
+import sys
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from maka_eval.contract.fields import ContractError
+from maka_eval.contract.record import MAX_RECORD_BYTES, AttemptRecord
+from maka_eval.engine.expand import cell_id
+from maka_eval.errors import Problem
+
+TMP_PREFIX = ".tmp-"
+"""Temporary files of the writer (a record before it is linked to its name)."""
+
+HELPER_FROM_CELLS = 10_000
+"""Runs with fewer cells are read by one process: starting the helper costs about as
+much as reading 3,000 records."""
+
+_RECORD_OPEN_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
+"""A record is a regular file: a symlink is refused, not followed (it could point
+anywhere on the host), and a FIFO cannot make the reader wait."""
+
+_HELPER_MAIN = "from maka_eval.store.attempts import serve_helper; serve_helper()"
+
+
+@dataclass
+class CellsRead:
+    """What the attempts directories of some cells hold."""
+
+    records: dict[str, list[AttemptRecord]] = field(default_factory=dict)
+    """Valid records by cell id, each cell's in attempt-number order."""
+    interrupted: dict[str, list[int]] = field(default_factory=dict)
+    damaged: list[Problem] = field(default_factory=list)
+    """Records that do not parse, name another cell or attempt than their path, or
+    belong to another run: left out of `records`."""
+
+    def extend(self, other: CellsRead) -> None:
+        """Add what other cells hold (read after these, so the order stays the path's)."""
+        for cell, records in other.records.items():
+            self.records.setdefault(cell, []).extend(records)
+        for cell, numbers in other.interrupted.items():
+            self.interrupted.setdefault(cell, []).extend(numbers)
+        self.damaged.extend(other.damaged)
+
+
+def read_cells(cells_root: str, run_id: str) -> CellsRead:
+    """Read every `<task>/<rep>/<subject>/attempts` directory under `cells_root`, in
+    path order (a cell without one has no attempts)."""
+    with _collector_paused():
+        tasks = _subdirectory_names(cells_root)
+        if not _worth_a_helper(cells_root, tasks):
+            return _read_tasks(cells_root, tasks, run_id)
+        half = len(tasks) // 2
+        with _helper(cells_root, tasks[half], run_id) as helper:
+            read = _read_tasks(cells_root, tasks[:half], run_id)
+            rest = helper.result() if helper is not None else None
+        if rest is None:  # the helper failed: read its half here
+            rest = _read_tasks(cells_root, tasks[half:], run_id)
+        read.extend(rest)
+        return read
+
+
+def serve_helper() -> None:
+    """The helper process: read the task directories under argv[1] named argv[2] or
+    after, for run argv[3]; write the CellsRead pickled to stdout."""
+    cells_root, first, run_id = sys.argv[1:4]
+    gc.disable()  # a short-lived process holding acyclic records
+    tasks = [task for task in _subdirectory_names(cells_root) if task >= first]
+    read = _read_tasks(cells_root, tasks, run_id)
+    sys.stdout.buffer.write(pickle.dumps(read, protocol=pickle.HIGHEST_PROTOCOL))
+    sys.stdout.buffer.flush()
+
+
+def _read_tasks(cells_root: str, tasks: Sequence[str], run_id: str) -> CellsRead:
+    read = CellsRead()
+    for task in tasks:
+        for rep in _subdirectories(os.path.join(cells_root, task)):
+            repetition = _number(rep.name) or 0
+            for subject in _subdirectories(rep.path):
+                cell = cell_id(task, repetition, subject.name)
+                _read_cell(cell, f"{subject.path}/attempts", run_id, read)
+    for records in read.records.values():
+        records.sort(key=_attempt)
+    for numbers in read.interrupted.values():
+        numbers.sort()
+    return read
+
+
+def _read_cell(cell: str, attempts_dir: str, run_id: str, read: CellsRead) -> None:
+    try:
+        names = sorted(os.listdir(attempts_dir))
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    numbers_with_records = set()
+    for name in names:
+        if not name.endswith(".json") or name.startswith(TMP_PREFIX):
+            continue
+        number = _number(name[: -len(".json")])
+        if number is not None:  # a record, damaged or not, is not an interrupted attempt
+            numbers_with_records.add(number)
+        path = f"{attempts_dir}/{name}"
+        try:
+            record = AttemptRecord.from_json(_read_record(path))
+        except (ContractError, OSError) as exc:
+            read.damaged.append(Problem(path, f"not a valid attempt record: {str(exc)[:200]}"))
+            continue
+        if record.cell_id != cell or f"{record.attempt:04d}.json" != name:
+            read.damaged.append(
+                Problem(
+                    path,
+                    f"claims to be attempt {record.attempt} of "
+                    f"{record.cell_id}; records are never moved, so it was tampered with",
+                )
+            )
+            continue
+        if record.run_id != run_id:
+            read.damaged.append(Problem(path, "belongs to a different run"))
+            continue
+        read.records.setdefault(cell, []).append(record)
+    for name in names:
+        number = _number(name)
+        if (
+            number is not None
+            and number not in numbers_with_records
+            and os.path.isdir(f"{attempts_dir}/{name}")
+        ):
+            read.interrupted.setdefault(cell, []).append(number)
+
+
+def _read_record(path: str) -> bytes:
+    """The file's bytes, at most one more than a record may have (so that an oversized
+    file is refused as such without being loaded)."""
+    fd = os.open(path, _RECORD_OPEN_FLAGS)
+    try:
+        chunks = []
+        size = 0
+        while size <= MAX_RECORD_BYTES:
+            chunk = os.read(fd, MAX_RECORD_BYTES + 1 - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+class _Helper:
+    """The helper process, started; its result is None if it failed in any way."""
+
+    def __init__(self, process: subprocess.Popen[bytes]) -> None:
+        self.process = process
+
+    def result(self) -> CellsRead | None:
+        out, _ = self.process.communicate()
+        if self.process.returncode != 0:
+            return None
+        try:
+            read = pickle.loads(out)  # our own child's output
+        except Exception:  # a truncated or garbled pickle can raise almost anything
+            return None
+        return read if isinstance(read, CellsRead) else None
+
+
+@contextlib.contextmanager
+def _helper(cells_root: str, first: str, run_id: str) -> Iterator[_Helper | None]:
+    """Start the helper (None if it cannot start: this process then reads it all); it
+    is killed if this process stops reading early."""
+    # The helper imports this package from where this process did, installed or not.
+    package_root = str(Path(__file__).resolve().parents[2])
+    paths = [package_root, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    try:
+        process = subprocess.Popen(
+            [sys.executable, "-c", _HELPER_MAIN, cells_root, first, run_id],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(paths)},
+        )
+    except OSError:
+        yield None
+        return
+    try:
+        yield _Helper(process)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+
+
+def _worth_a_helper(cells_root: str, tasks: Sequence[str]) -> bool:
+    if len(tasks) < 2 or not sys.executable or _usable_cpus() < 2:
+        return False
+    first_task = os.path.join(cells_root, tasks[0])
+    cells_per_task = sum(len(_subdirectories(rep.path)) for rep in _subdirectories(first_task))
+    return cells_per_task * len(tasks) >= HELPER_FROM_CELLS
+
+
+def _usable_cpus() -> int:
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Pause the cyclic garbage collector: records hold no reference cycles, and reading
+    100,000 of them would otherwise make it rescan the growing heap again and again."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _subdirectories(path: str) -> list[os.DirEntry[str]]:
+    try:
+        with os.scandir(path) as listing:
+            return sorted((entry for entry in listing if entry.is_dir()), key=_name)
+    except (FileNotFoundError, NotADirectoryError, PermissionError):
+        return []  # gone or unreadable: no cells there (as a glob would skip it)
+
+
+def _subdirectory_names(path: str) -> list[str]:
+    return [entry.name for entry in _subdirectories(path)]
+
+
+def _number(name: str) -> int | None:
+    return int(name) if name.isdecimal() else None
+
+
+def _name(entry: os.DirEntry[str]) -> str:
+    return entry.name
+
+
+def _attempt(record: AttemptRecord) -> int:
+    return record.attempt

@@ -1,0 +1,148 @@
+"""Reading a run's cells: what a record file may be, and the helper process of large runs."""
+
+from __future__ import annotations
+
+import gc
+import os
+from datetime import UTC, datetime
+
+import pytest
+
+from maka_eval.contract.kernel import ResultKernel
+from maka_eval.contract.record import MAX_RECORD_BYTES, AttemptRecord
+from maka_eval.engine.status import AttemptStatus, StatusSource, Trigger
+from maka_eval.store import attempts
+from maka_eval.store.run_store import RunIdentity, RunWriter, read_run
+
+IDENTITY = RunIdentity(
+    {"schemaVersion": "maka.eval.v1", "id": "x", "repetitions": 2}, {"t": "sha256:aa"}
+)
+
+
+def _commit(writer: RunWriter, task: str, rep: int, subject: str, status: AttemptStatus) -> None:
+    slot = writer.reserve(task, rep, subject)
+    now = datetime.now(tz=UTC)
+    cell = f"{task}::{rep}::{subject}"
+    writer.commit(
+        slot,
+        AttemptRecord(
+            run_id=writer.run_id,
+            experiment_id="x",
+            cell_id=cell,
+            task_id=task,
+            repetition=rep,
+            subject_id=subject,
+            attempt=slot.number,
+            attempt_id=f"{writer.run_id}/{cell}/{slot.number}",
+            trigger=Trigger.SCHEDULED if slot.number == 1 else Trigger.RETRY,
+            started_at=now,
+            subject_started_at=None,
+            finished_at=now,
+            result=ResultKernel(
+                status=status,
+                score=1.0 if status.is_result else None,
+                usage=None,
+                cost_usd=None,
+                duration_sec=0.5,
+                artifacts=(),
+                status_source=StatusSource.VERIFIER,
+            ),
+            host="h",
+            maka_eval_version="0",
+        ),
+    )
+
+
+def _run(tmp_path):
+    """Six tasks x 2 repetitions x 2 subjects, with retries, an interrupted attempt and
+    a damaged record, so that each half of a split read holds some of each."""
+    run = tmp_path / "run"
+    writer = RunWriter.open(run, IDENTITY, "0")
+    for task in ("t1", "t2", "t3", "t4", "t5", "t6"):
+        for rep in (1, 2):
+            for subject in ("a", "b"):
+                if task in ("t2", "t5") and subject == "b":
+                    _commit(writer, task, rep, subject, AttemptStatus.INFRA_FAILED)
+                _commit(writer, task, rep, subject, AttemptStatus.COMPLETED)
+    writer.reserve("t1", 1, "a")  # never committed: interrupted
+    writer.reserve("t6", 2, "b")
+    writer.close()
+    damaged = run / "cells" / "t5" / "1" / "a" / "attempts" / "0001.json"
+    damaged.chmod(0o644)
+    damaged.write_text("{not json")
+    return run
+
+
+def _force_helper(monkeypatch):
+    monkeypatch.setattr(attempts, "HELPER_FROM_CELLS", 1)
+    monkeypatch.setattr(attempts, "_usable_cpus", lambda: 2)
+    used = []
+    result = attempts._Helper.result
+
+    def spy(self):
+        read = result(self)
+        used.append(read is not None)
+        return read
+
+    monkeypatch.setattr(attempts._Helper, "result", spy)
+    return used
+
+
+def test_a_split_read_is_the_same_as_one_process_reading_it_all(tmp_path, monkeypatch):
+    run = _run(tmp_path)
+    alone = read_run(run)
+    assert sum(len(r) for r in alone.records.values()) == 27
+    assert alone.interrupted == {"t1::1::a": [2], "t6::2::b": [2]}
+    assert [p.where.split("/cells/")[1] for p in alone.damaged] == ["t5/1/a/attempts/0001.json"]
+
+    used = _force_helper(monkeypatch)
+    split = read_run(run)
+    assert used == [True]
+    assert list(split.records) == list(alone.records)  # path order, then attempt order
+    assert split.records == alone.records
+    assert split.interrupted == alone.interrupted
+    assert split.damaged == alone.damaged
+    assert gc.isenabled()
+
+
+def test_a_failed_helper_leaves_its_half_to_this_process(tmp_path, monkeypatch):
+    run = _run(tmp_path)
+    alone = read_run(run)
+    used = _force_helper(monkeypatch)
+    monkeypatch.setattr(attempts, "_HELPER_MAIN", "import sys; sys.exit(3)")
+    failed = read_run(run)
+    assert used == [False]
+    assert failed.records == alone.records and failed.damaged == alone.damaged
+
+    monkeypatch.setattr(attempts.sys, "executable", str(tmp_path / "no-such-python"))
+    assert read_run(run).records == alone.records  # it could not even start
+
+
+def test_a_record_must_be_a_regular_file_of_bounded_size(tmp_path):
+    run = _run(tmp_path)
+    outside = tmp_path / "outside.json"
+    outside.write_bytes((run / "cells" / "t1" / "1" / "b" / "attempts" / "0001.json").read_bytes())
+    cell = run / "cells" / "t3" / "1" / "a" / "attempts"
+    (cell / "0001.json").unlink()
+    (cell / "0001.json").symlink_to(outside)  # not followed: it could point anywhere
+    big = run / "cells" / "t3" / "2" / "a" / "attempts" / "0001.json"
+    big.chmod(0o644)
+    big.write_bytes(b" " * (MAX_RECORD_BYTES + 1) + big.read_bytes())
+    fifo = run / "cells" / "t4" / "1" / "a" / "attempts" / "0002.json"
+    os.mkfifo(fifo)  # nobody writes to it: reading must not wait
+
+    contents = read_run(run)
+    problems = {p.where.split("/cells/")[1]: p.message for p in contents.damaged}
+    assert "t3/1/a/attempts/0001.json" in problems
+    assert "larger than" in problems["t3/2/a/attempts/0001.json"]
+    assert "not JSON" in problems["t4/1/a/attempts/0002.json"]
+    assert "t3::1::a" not in contents.records and "t3::2::a" not in contents.records
+    assert [r.attempt for r in contents.records["t4::1::a"]] == [1]
+
+
+@pytest.mark.parametrize("name", ["01", "²", "x"])
+def test_odd_repetition_directories_do_not_stop_the_read(tmp_path, name):
+    run = _run(tmp_path)
+    (run / "cells" / "t1" / name / "a" / "attempts" / "²").mkdir(parents=True)
+    contents = read_run(run)
+    assert sum(len(r) for r in contents.records.values()) == 27
