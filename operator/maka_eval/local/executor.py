@@ -68,6 +68,7 @@ from maka_eval.local.plans import attempt_plan, egress_mode
 from maka_eval.local.prerequisites import ResolvedCommands, check_prerequisites, work_root_path
 from maka_eval.relay.attempt import run_attempt
 from maka_eval.relay.outcome import AttemptOutcome, build_kernel
+from maka_eval.relay.plan import MeteringPlan
 from maka_eval.relay.processes import CancelToken, ProcessSupervisor
 from maka_eval.sandbox.container import remove_leftovers
 from maka_eval.spec.egress import policy_of
@@ -416,6 +417,9 @@ class LocalRun:
         self.events(AttemptStarted(cell.id, cell.subject_id, slot.number))
         egress: CellEgress | None = None
         egress_failure: str | None = None
+        # The proxy signs its provider-usage checkpoint with this token; the relay (not
+        # the subject) verifies it when the result frame is missing.
+        result_token = secrets.token_hex(16)
         if egress_mode(self.experiment, task) == "proxy" and self._egress_policy is not None:
             try:
                 egress = start_cell_egress(
@@ -423,8 +427,7 @@ class LocalRun:
                     cell_id=cell.id,
                     folder=attempt_root.with_name(attempt_root.name + ".egress"),
                     policy=self._egress_policy,
-                    # No relay result token exists yet: the proxy signs with its own.
-                    result_token=secrets.token_hex(16),
+                    result_token=result_token,
                 )
             except (netns.NetnsError, ProxyStartError, OSError) as exc:
                 egress_failure = f"the cell's egress enforcement could not be set up: {exc}"
@@ -446,6 +449,16 @@ class LocalRun:
             )
             if egress_failure is not None:
                 outcome = _not_started(plan.subject.contract, egress_failure, redactor, gate)
+            elif egress is not None:
+                metering = MeteringPlan(str(egress.proxy.checkpoint_path))
+                outcome = run_attempt(
+                    replace(plan, metering=metering),
+                    self.supervisor,
+                    self.cancel,
+                    {**self.host_env, metering.token_env: result_token},
+                    start_gate=gate,
+                    settle_metering=egress.proxy.settle,
+                )
             else:
                 outcome = run_attempt(
                     plan, self.supervisor, self.cancel, self.host_env, start_gate=gate
