@@ -1,5 +1,11 @@
 """Every attack on a policed cell's network, in both sandbox backends: blocked or not.
 
+The attacks include a root subject's ways out of the sandbox itself: a network namespace
+of its own or another's (unshare, setns into every namespace file it can see), a user
+namespace with a network of its own, remounting its read-only CA folder read-write, a
+device node for the host's disk, open_by_handle_at on a filesystem's root, and any
+capability that reaches around the policy or out (relay.gate.FORBIDDEN).
+
 Runs tests/egress/attack_probe.py as the subject of a one-cell experiment with
 `executor.config.egress: {mode: proxy}` through the local executor, once in the process
 sandbox (bubblewrap) and once in the container sandbox (Podman), with a live bait on the

@@ -2,21 +2,24 @@
 
 An upstream HTTP/1.1 server runs in its own process on loopback; a raw-socket client
 (TCP_NODELAY on both sides: without it, delayed ACKs add ~44 ms) times the same requests
-directly and through the proxy (`egress.proxy.start_proxy`: mitmdump with the blocklist,
-audit, metering addons), interleaved so machine noise hits both alike:
+directly and through the proxy (`egress.proxy.start_proxy`: mitmproxy with the
+blocklist, audit, metering addons), interleaved so machine noise hits all alike:
 
 * **plain GET**: the blocklist and the audit log only;
 * **model POST** (`/v1/chat/completions` with a JSON body): also web-tool stripping, usage
   read from the response and three checkpoint writes (start, admission, settlement);
 
 each over one keep-alive connection and over a new connection per request; the added
-latency is the difference of the p50 (and p99) figures. A bare `mitmdump` (no addons)
-is timed alongside, so the addons' share can be told from mitmproxy's own. Then a
-streaming model request (`/v1/messages`, server-sent events, a chunk every `--gap-ms`):
-the time to first chunk through the proxy minus directly, and every chunk's arrival
-time against the time the upstream sent it (the upstream stamps it into the chunk; one
-monotonic clock), so a chunk the proxy held back until the next one shows up as a delay
-of a whole gap.
+latency is the difference of the p50 (and p99) figures. Two references without any
+egress addon are timed alongside: a bare `mitmdump`, and mitmproxy embedded with the
+built-in addons the proxy loads (`egress.proxy.builtin_addons`), so mitmproxy's own
+share can be told from the addons'. Each proxy process's CPU time per request is
+printed too: unlike latency, it hardly moves with other load on the machine. Then a
+streaming model request (`/v1/messages`, server-sent events, a chunk every `--gap-ms`,
+a new connection each): the time to first chunk through the proxy minus directly, and
+every chunk's arrival time against the time the upstream sent it (the upstream stamps
+it into the chunk; one monotonic clock), so a chunk the proxy held back until the next
+one shows up as a delay of a whole gap.
 
 Targets: p50 added <= 2 ms with keep-alive; TTFC overhead <= 5 ms; no chunk held back
 (none more than half a gap late).
@@ -31,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
+import os
 import socket
 import statistics
 import subprocess
@@ -228,32 +232,58 @@ def interleaved(calls: list[Callable[[], float]], n: int) -> list[list[float]]:
     return out
 
 
-def start_bare_mitmdump(confdir: Path) -> tuple[subprocess.Popen[bytes], int]:
-    """mitmdump without addons, for reference; returns it and its port."""
+EMBEDDED = """
+import asyncio, signal, sys
+from mitmproxy import master, options
+from maka_eval.egress.proxy import builtin_addons
+
+async def main():
+    opts = options.Options()
+    proxy = master.Master(opts)
+    proxy.addons.add(*builtin_addons())
+    opts.update(listen_host="127.0.0.1", listen_port=int(sys.argv[1]), confdir=sys.argv[2])
+    opts.update(stream_large_bodies="1")
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, proxy.shutdown)
+    await proxy.run()
+
+asyncio.run(main())
+"""
+"""mitmproxy embedded as the proxy embeds it, with its built-in addons and no other."""
+
+
+def start_reference(kind: str, confdir: Path) -> tuple[subprocess.Popen[bytes], int]:
+    """A proxy without any egress addon, for reference: `mitmdump` (everything it loads,
+    nothing printed per flow) or `embedded`; returns it and its port."""
     probe = socket.create_server(("127.0.0.1", 0))
     port = probe.getsockname()[1]
     probe.close()
-    mitmdump = Path(sys.executable).parent / "mitmdump"
-    proc = subprocess.Popen(
-        [
-            *(str(mitmdump), "--listen-host", "127.0.0.1", "--listen-port", str(port)),
-            *("--set", f"confdir={confdir}", "--set", "flow_detail=0"),
+    if kind == "mitmdump":
+        argv = [
+            *(str(Path(sys.executable).parent / "mitmdump"), "--listen-host", "127.0.0.1"),
+            *("--listen-port", str(port), "--set", f"confdir={confdir}", "--set", "flow_detail=0"),
             # Streams every body, as the addons do (else it would hold the whole stream).
             *("--set", "stream_large_bodies=1"),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+        ]
+    else:
+        argv = [sys.executable, "-c", EMBEDDED, str(port), str(confdir)]
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 60
     while True:
         try:
             socket.create_connection(("127.0.0.1", port), timeout=1).close()
             return proc, port
         except OSError:
-            if time.monotonic() > deadline:
+            if time.monotonic() > deadline or proc.poll() is not None:
                 proc.kill()
-                raise RuntimeError("bare mitmdump did not start") from None
+                raise RuntimeError(f"the {kind} reference proxy did not start") from None
             time.sleep(0.05)
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far."""
+    with open(f"/proc/{pid}/stat") as handle:
+        fields = handle.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def verdict(ok: bool) -> str:
@@ -285,19 +315,35 @@ def main() -> int:
             checkpoint_path=root / "provider-usage.json",
             result_token="bench-token",
         )
-        print(f"proxy start: {time.perf_counter() - t0:.2f} s (mitmdump, new CA)")
-        bare_proc, bare_port = start_bare_mitmdump(root / "bare-confdir")
+        print(f"proxy start: {time.perf_counter() - t0:.2f} s (mitmproxy, new CA)")
+        references = []
         try:
+            references = [
+                start_reference("mitmdump", root / "mitmdump-confdir"),
+                start_reference("embedded", root / "embedded-confdir"),
+            ]
+            (dump_proc, dump_port), (emb_proc, emb_port) = references
             direct = Endpoint("direct", "127.0.0.1", upstream, upstream, via_proxy=False)
-            bare = Endpoint("bare", "127.0.0.1", bare_port, upstream, via_proxy=True)
-            proxied = Endpoint("proxy", proxy.host, proxy.port, upstream, via_proxy=True)
-            for endpoint in (direct, bare, proxied):  # warm up: connections, caches
+            paths = [
+                (direct, None),
+                (Endpoint("mitmdump", "127.0.0.1", dump_port, upstream, True), dump_proc.pid),
+                (Endpoint("embedded", "127.0.0.1", emb_port, upstream, True), emb_proc.pid),
+                (Endpoint("proxy", proxy.host, proxy.port, upstream, True), proxy.pid),
+            ]
+            proxied = paths[-1][0]
+            for endpoint, _ in paths:  # warm up: connections, caches
                 for _ in range(50):
                     endpoint.once("/plain", None, keep_alive=True)
                     endpoint.once("/v1/chat/completions", MODEL_BODY, keep_alive=True)
+            print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
             print(
-                f"\n{'p50 / p99 in ms':<28}{'direct':>14}{'bare mitmdump':>16}{'proxy':>16}"
-                f"{'added':>16}{'addons share':>16}"
+                "\nlatency p50 / p99 in ms; CPU: the proxy process's CPU time per request\n"
+                "(mitmdump: bare, no addons; embedded: mitmproxy with the proxy's built-in "
+                "addons, no egress addons)"
+            )
+            print(
+                f"{'':<28}{'direct':>14}{'mitmdump':>15}{'embedded':>15}{'proxy':>15}"
+                f"{'added':>15}{'addons share':>15}   CPU ms/request"
             )
             results = {}
             series = [
@@ -313,47 +359,54 @@ def main() -> int:
                 ),
             ]
             for name, path, body, keep, n in series:
-                a, r, b = interleaved(
+                before = [cpu_seconds(pid) if pid else 0.0 for _, pid in paths]
+                a, r, e, b = interleaved(
                     [
                         lambda e=e, path=path, body=body, keep=keep: e.once(path, body, keep)
-                        for e in (direct, bare, proxied)
+                        for e, _ in paths
                     ],
                     n,
                 )
+                cpu = [
+                    (cpu_seconds(pid) - t) * 1000 / n if pid else 0.0
+                    for (_, pid), t in zip(paths, before, strict=True)
+                ]
 
                 def cell(x: float, y: float) -> str:
-                    return f"{x:7.2f} /{y:6.2f}"
+                    return f"{x:6.2f} /{y:6.2f}"
 
                 added = (pct(b, 0.5) - pct(a, 0.5), pct(b, 0.99) - pct(a, 0.99))
-                share = (pct(b, 0.5) - pct(r, 0.5), pct(b, 0.99) - pct(r, 0.99))
+                share = (pct(b, 0.5) - pct(e, 0.5), pct(b, 0.99) - pct(e, 0.99))
                 results[name] = added[0]
                 print(
                     f"{name:<28}{cell(pct(a, 0.5), pct(a, 0.99)):>14}"
-                    f"{cell(pct(r, 0.5), pct(r, 0.99)):>16}{cell(pct(b, 0.5), pct(b, 0.99)):>16}"
-                    f"{cell(*added):>16}{cell(*share):>16}"
+                    f"{cell(pct(r, 0.5), pct(r, 0.99)):>15}{cell(pct(e, 0.5), pct(e, 0.99)):>15}"
+                    f"{cell(pct(b, 0.5), pct(b, 0.99)):>15}{cell(*added):>15}{cell(*share):>15}"
+                    f"   mitmdump {cpu[1]:.2f}, embedded {cpu[2]:.2f}, proxy {cpu[3]:.2f}"
                 )
 
-            ttfc_direct, ttfc_bare, ttfc_proxy = [], [], []
+            ttfc: dict[str, list[float]] = {endpoint.name: [] for endpoint, _ in paths}
             delays_direct, delays_proxy = [], []
             for _ in range(args.streams):
-                t, d = direct.stream()
-                ttfc_direct.append(t * 1000)
-                delays_direct += d
-                ttfc_bare.append(bare.stream()[0] * 1000)
-                t, d = proxied.stream()
-                ttfc_proxy.append(t * 1000)
-                delays_proxy += d
+                for endpoint, _ in paths:
+                    t, d = endpoint.stream()
+                    ttfc[endpoint.name].append(t * 1000)
+                    if endpoint is direct:
+                        delays_direct += d
+                    elif endpoint is proxied:
+                        delays_proxy += d
             expected = args.streams * args.chunks
             p50 = statistics.median
-            ttfc_added = p50(ttfc_proxy) - p50(ttfc_direct)
+            ttfc_added = p50(ttfc["proxy"]) - p50(ttfc["direct"])
             print(
                 f"\nstreaming ({args.streams} streams x {args.chunks} chunks, "
-                f"{args.gap_ms:g} ms apart)"
+                f"{args.gap_ms:g} ms apart, a new connection each)"
             )
             print(
-                f"  time to first chunk p50: direct {p50(ttfc_direct):.2f} ms, bare mitmdump "
-                f"{p50(ttfc_bare):.2f} ms, proxy {p50(ttfc_proxy):.2f} ms; added "
-                f"{ttfc_added:.2f} ms (addons' share {p50(ttfc_proxy) - p50(ttfc_bare):.2f} ms)"
+                f"  time to first chunk p50: direct {p50(ttfc['direct']):.2f} ms, mitmdump "
+                f"{p50(ttfc['mitmdump']):.2f} ms, embedded {p50(ttfc['embedded']):.2f} ms, "
+                f"proxy {p50(ttfc['proxy']):.2f} ms; added {ttfc_added:.2f} ms (addons' share "
+                f"{p50(ttfc['proxy']) - p50(ttfc['embedded']):.2f} ms)"
             )
             print(
                 f"  chunk delay after the upstream sent it: direct p50 "
@@ -363,10 +416,13 @@ def main() -> int:
             )
             held_back_ms = args.gap_ms / 2  # held until the next chunk: a whole gap late
             held = [d for d in delays_proxy if d > held_back_ms]
+            late_direct = [d for d in delays_direct if d > held_back_ms]
             checkpoint = proxy.read_checkpoint()
+            print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
         finally:
-            bare_proc.terminate()
-            bare_proc.wait()
+            for proc, _ in references:
+                proc.terminate()
+                proc.wait()
             proxy.stop()
             server.terminate()
 
@@ -383,7 +439,8 @@ def main() -> int:
     print(
         f"{verdict(not held and len(delays_proxy) == expected)}  no chunk held back: "
         f"{len(held)} of {len(delays_proxy)} arrived more than {held_back_ms:g} ms (half a "
-        "gap) after they were sent"
+        f"gap) after they were sent (directly, with no proxy: {len(late_direct)}, which is "
+        "the machine's own scheduling delay)"
     )
     print(f"(the checkpoint counted {getattr(checkpoint, 'requests', '?')} model requests)")
     return 0

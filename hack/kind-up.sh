@@ -9,18 +9,17 @@
 #   hack/kind-up.sh && hack/e2e.sh
 #
 # Needs Docker (a running daemon), kind v0.24.0 or newer and kubectl. The first run
-# pulls the base images (kindest/node, python:3.11-slim-bookworm, debian:bookworm-slim,
-# busybox) and PyPI packages, so it needs the network; later runs reuse the cluster and
+# pulls the base images (kindest/node, debian:bookworm-slim, busybox) and PyPI packages, so it needs the network; later runs reuse the cluster and
 # Docker's build cache. kubectl commands name the context kind-<cluster> explicitly:
 # whatever context is current, nothing else is touched. `kind create cluster` also makes
 # that context the current one, as kind always does.
 #
 # Images (tags as examples/hello/experiment.k8s.yaml names them):
-#   localhost/maka-eval/operator:0.1.0           images/operator/Dockerfile
-#   localhost/maka-eval/relay:0.1.0              images/relay/Dockerfile
+#   localhost/maka-eval/operator:0.1.0           images/Dockerfile --target operator
+#   localhost/maka-eval/relay:0.1.0              images/Dockerfile --target relay
 #   localhost/maka-eval/hello:1.0                images/hello-benchmark/Dockerfile
 #   localhost/maka-eval/debian-python:bookworm   images/task-debian-python/Dockerfile
-#   localhost/maka-eval/egress:0.1.0             images/egress/Dockerfile (attempt Pods'
+#   localhost/maka-eval/egress:0.1.0             images/Dockerfile --target egress (attempt Pods'
 #                                                egress sidecar and the egress gateway)
 #
 # Settings (environment):
@@ -114,11 +113,11 @@ build() {
 
 build_images() {
   local t0=$SECONDS
-  build "$OPERATOR_IMAGE" -f "$REPO/images/operator/Dockerfile" "$REPO"
-  build "$RELAY_IMAGE" -f "$REPO/images/relay/Dockerfile" "$REPO"
+  build "$OPERATOR_IMAGE" -f "$REPO/images/Dockerfile" --target operator "$REPO"
+  build "$RELAY_IMAGE" -f "$REPO/images/Dockerfile" --target relay "$REPO"
   build "$BENCHMARK_IMAGE" -f "$REPO/images/hello-benchmark/Dockerfile" "$REPO"
   build "$TASK_IMAGE" "$REPO/images/task-debian-python"
-  build "$EGRESS_IMAGE" -f "$REPO/images/egress/Dockerfile" "$REPO"
+  build "$EGRESS_IMAGE" -f "$REPO/images/Dockerfile" --target egress "$REPO"
   log "images built in $(since "$t0") s"
 }
 

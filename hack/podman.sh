@@ -6,7 +6,9 @@
 #                                   check that `podman run --network none` works
 #   hack/podman.sh images           build the base images without a registry (cached):
 #                                   maka-eval/debian:bookworm-minbase, tagged as
-#                                   debian:bookworm-slim, debian:bookworm, debian:12;
+#                                   debian:bookworm-slim, debian:bookworm, debian:12
+#                                   (no Python in it: the relay bundle's tests run there;
+#                                   images/Dockerfile builds FROM it);
 #                                   then maka-eval/debian-python:bookworm (podman build)
 #   hack/podman.sh service start    start `podman system service` on the socket, wait for
 #                                   /_ping, print `export DOCKER_HOST=...` as the last line

@@ -8,6 +8,9 @@ ATTACK_HOST_ADDRESSES, ATTACK_BLOCKED_HOST; the proxy's address comes from /etc/
 """
 
 import base64
+import contextlib
+import ctypes
+import ctypes.util
 import json
 import os
 import shutil
@@ -137,13 +140,169 @@ def packet_mark():
         return "a packet mark was set"
 
 
+FORBIDDEN_CAPS = (
+    *((12, "NET_ADMIN"), (13, "NET_RAW"), (21, "SYS_ADMIN"), (2, "DAC_READ_SEARCH")),
+    *((16, "SYS_MODULE"), (17, "SYS_RAWIO"), (19, "SYS_PTRACE"), (39, "BPF")),
+)
+
+
 def capabilities():
     with open("/proc/self/status") as handle:
         lines = [line.partition(":") for line in handle]
     caps = {key: int(value, 16) for key, _, value in lines if key.startswith("Cap")}
-    named = ((12, "NET_ADMIN"), (13, "NET_RAW"))
-    held = [f"{cap} in {key}" for key, v in caps.items() for bit, cap in named if v >> bit & 1]
+    held = [
+        f"{cap} in {key}" for key, v in caps.items() for bit, cap in FORBIDDEN_CAPS if v >> bit & 1
+    ]
     return ", ".join(held) or None
+
+
+# -- out of the sandbox (a root subject with what root keeps) ------------------------------------
+LIBC = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+CLONE_NEWNET, CLONE_NEWUSER = 0x40000000, 0x10000000
+MS_REMOUNT, MS_BIND = 32, 4096
+
+
+def libc_failed(what):
+    code = ctypes.get_errno()
+    return OSError(code, f"{what}: {os.strerror(code)}")
+
+
+def in_child(action):
+    """Run `action` in a forked child (it may change its namespaces or mounts): what got
+    through, or None; raises what stopped it."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read_end)
+        try:
+            got = action()
+            answer = {"got": None if got is None else str(got)}
+        except BaseException as exc:  # reported to the parent
+            answer = {"error": f"{type(exc).__name__}: {exc}"}
+        os.write(write_end, json.dumps(answer).encode()[:4000])
+        os._exit(0)
+    os.close(write_end)
+    data = b""
+    while chunk := os.read(read_end, 4096):
+        data += chunk
+    os.close(read_end)
+    os.waitpid(pid, 0)
+    answer = json.loads(data or b'{"error": "the child died"}')
+    if "error" in answer:
+        raise OSError(answer["error"])
+    return answer["got"]
+
+
+def unshare_network():
+    if LIBC.unshare(CLONE_NEWNET) != 0:
+        raise libc_failed("unshare(CLONE_NEWNET)")
+    return "made a network namespace of its own (it holds CAP_SYS_ADMIN)"
+
+
+def namespace_files():
+    """Every network namespace this sandbox shows: /proc/*/ns/net (PID 1's first), /run/netns."""
+    found = ["/proc/1/ns/net"]
+    found += [f"/proc/{pid}/ns/net" for pid in os.listdir("/proc") if pid.isdigit()]
+    for folder in ("/run/netns", "/var/run/netns"):
+        with contextlib.suppress(OSError):
+            found += [os.path.join(folder, name) for name in os.listdir(folder)]
+    return list(dict.fromkeys(found))
+
+
+def setns_and_out():
+    """setns(2) into each namespace it can see (nsenter --net=...), then raw TCP to the bait."""
+    stops = []
+    for path in namespace_files():
+
+        def enter(path=path):
+            fd = os.open(path, os.O_RDONLY)
+            if LIBC.setns(fd, CLONE_NEWNET) != 0:
+                raise libc_failed(f"setns({path})")
+            return tcp(ADDR, BAIT)
+
+        try:
+            return in_child(enter)
+        except OSError as exc:
+            stops.append(str(exc))
+    raise OSError("; ".join(stops[:3]) or "no namespace to enter")
+
+
+def user_namespace_and_out():
+    """A user namespace of its own (full capabilities inside), a network namespace in it."""
+    if LIBC.unshare(CLONE_NEWUSER | CLONE_NEWNET) != 0:
+        raise libc_failed("unshare(CLONE_NEWUSER | CLONE_NEWNET)")
+    for target in ((ADDR, BAIT), ("1.1.1.1", 443)):
+        try:
+            return tcp(*target)
+        except OSError as exc:
+            stop = exc
+    raise stop
+
+
+def remount_ca_folder():
+    """The proxy's CA folder is shown read-only: remount the mount that holds it
+    read-write (keeping its other flags) and write into the folder."""
+    folder = os.path.dirname(os.environ["SSL_CERT_FILE"])
+    flags = {"nosuid": 2, "nodev": 4, "noexec": 8}
+    point, keep = "/", 0
+    with open("/proc/self/mountinfo") as handle:
+        for line in handle:
+            fields = line.split()
+            mount_point = fields[4].encode().decode("unicode_escape")
+            inside = folder == mount_point or folder.startswith(mount_point.rstrip("/") + "/")
+            if inside and len(mount_point) >= len(point):
+                point = mount_point
+                keep = sum(flags.get(option, 0) for option in fields[5].split(","))
+    if LIBC.mount(None, point.encode(), None, MS_REMOUNT | MS_BIND | keep, None) != 0:
+        raise libc_failed(f"mount -o remount,rw {point}")
+    probe = os.path.join(folder, "escaped")
+    with open(probe, "w") as handle:
+        handle.write("x")
+    os.unlink(probe)
+    return f"remounted {point} read-write and wrote into {folder}"
+
+
+def mknod_root_disk():
+    """A device node for the disk that holds / (the host's, in the process sandbox)."""
+    with open("/proc/self/mountinfo") as handle:
+        device = next(line.split()[2] for line in handle if line.split()[4] == "/")
+    major, minor = (int(part) for part in device.split(":"))
+    stops = []
+    for folder in ("/tmp", os.getcwd()):
+        node = os.path.join(folder, ".disk")
+        try:
+            os.mknod(node, 0o600 | 0o060000, os.makedev(major, minor))
+            try:
+                with open(node, "rb") as disk:
+                    return f"read {len(disk.read(4096))} bytes of the disk {device}"
+            finally:
+                os.unlink(node)
+        except OSError as exc:
+            stops.append(f"{folder}: {exc}")
+    raise OSError("; ".join(stops))
+
+
+class FileHandle(ctypes.Structure):
+    _fields_ = [
+        ("handle_bytes", ctypes.c_uint),
+        ("handle_type", ctypes.c_int),
+        ("f_handle", ctypes.c_ubyte * 128),
+    ]
+
+
+def open_by_handle():
+    """open_by_handle_at(2) on inode 2 -- an ext4 filesystem's root -- of the filesystem
+    under /etc: the whole filesystem, whatever the sandbox mounted over it."""
+    handle, mount_id = FileHandle(handle_bytes=128), ctypes.c_int()
+    if LIBC.name_to_handle_at(-100, b"/etc", ctypes.byref(handle), ctypes.byref(mount_id), 0):
+        raise libc_failed("name_to_handle_at(/etc)")
+    root = FileHandle(handle_bytes=8, handle_type=1)  # FILEID_INO32_GEN: inode, generation
+    root.f_handle[0] = 2
+    anchor = os.open("/etc", os.O_RDONLY)
+    fd = LIBC.open_by_handle_at(anchor, ctypes.byref(root), os.O_RDONLY | os.O_DIRECTORY)
+    if fd < 0:
+        raise libc_failed("open_by_handle_at(inode 2)")
+    return f"opened a filesystem's root by handle: {sorted(os.listdir(f'/proc/self/fd/{fd}'))[:6]}"
 
 
 def find_secrets():
@@ -245,7 +404,19 @@ blocked("an AF_PACKET socket (frames beneath the policy)", packet_socket)
 blocked("a packet mark (CAP_NET_ADMIN)", packet_mark)
 if shutil.which("nft"):
     blocked("nft flush ruleset", lambda: tool(["nft", "flush", "ruleset"]))
-blocked("NET_RAW or NET_ADMIN in any capability set", capabilities)
+blocked("a capability that reaches around the policy or out (any set)", capabilities)
+# -- out of the sandbox --------------------------------------------------------------------------
+blocked("unshare a network namespace (CAP_SYS_ADMIN)", lambda: in_child(unshare_network))
+blocked("setns into any visible network namespace (PID 1's too), then TCP out", setns_and_out)
+blocked(
+    "a user namespace with its own network namespace, then TCP out",
+    lambda: in_child(user_namespace_and_out),
+)
+blocked("remount the CA folder read-write and write into it", lambda: in_child(remount_ca_folder))
+blocked("mknod the root filesystem's disk and read it", lambda: in_child(mknod_root_disk))
+blocked(
+    "open_by_handle_at a filesystem's root (CAP_DAC_READ_SEARCH)", lambda: in_child(open_by_handle)
+)
 # -- through the proxy: the blocklist ---------------------------------------------------------
 encoded_twice = urllib.parse.quote(urllib.parse.quote(f"http://{BLOCKED_HOST}/x", safe=""))
 expect_403("a blocked URL through the proxy", "http://github.com/laude-institute/terminal-bench")

@@ -184,6 +184,7 @@ class GatewayProcess:
         key_file: Path,
         *,
         allow_private: Sequence[str] = ("127.0.0.1/32",),
+        allow_ports: Sequence[str] = ("80", "443", "1024-65535"),
         extra: Sequence[str] = (),
         prefix: Sequence[str] = (),
     ) -> None:
@@ -199,6 +200,8 @@ class GatewayProcess:
             "--key-file",
             str(key_file),
             *(a for cidr in allow_private for a in ("--allow-private", cidr)),
+            # Tests' upstreams listen on ephemeral ports (the default: only 80 and 443).
+            *(a for ports in allow_ports for a in ("--allow-port", ports)),
             *extra,
         ]
         self.audit: list[dict[str, Any]] = []

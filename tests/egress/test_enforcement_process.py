@@ -102,7 +102,10 @@ def test_no_way_out_of_a_process_cell_but_the_proxy(tmp_path, monkeypatch):
     assert side.seen == ["/ok", "/ok"]
     # The secrets the subject looked for were where it looked, on the host.
     egress_dir = cell.report.work_dir / "t1__1__attacker__1.egress"
-    assert (egress_dir / "state" / "confdir" / "mitmproxy-ca.pem").is_file()
+    assert (egress_dir / "state" / "audit" / "audit.jsonl").is_file()
+    assert (egress_dir / "state" / "result-token").is_file()
+    # The CA key was there while the subject ran; it does not outlive the proxy.
+    assert not (egress_dir / "state" / "confdir").exists()
     assert (egress_dir / "publish" / "mitmproxy-ca-cert.pem").is_file()
     secrets = next(r for r in results if r["attack"].startswith("read the proxy's CA key"))
     assert secrets["ok"] and secrets["detail"] == "no answer"
@@ -152,7 +155,7 @@ def _refused(root: Path) -> tuple[str, object]:
 
 def test_the_gate_refuses_a_subject_that_keeps_net_raw(tmp_path, monkeypatch):
     # A sandbox that drops NET_ADMIN but forgets NET_RAW.
-    monkeypatch.setattr(process, "SUBJECT_CAP_DROP", ("net_admin",))
+    monkeypatch.setattr(process, "SUBJECT_CAPS", (*process.SUBJECT_CAPS, "net_raw"))
     reason, _ = _refused(tmp_path)
     assert "refused to start the subject" in reason
     assert "CAP_NET_RAW" in reason and "CapBnd" in reason and "CAP_NET_ADMIN" not in reason

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from maka_eval.egress import credential
-from maka_eval.egress.gateway import Gateway, Settings, address_refusal, unwrap
+from maka_eval.egress.gateway import Gateway, Settings, _ports, address_refusal, unwrap
 from maka_eval.egress.policy import EgressPolicy
 from maka_eval.egress.proxy import ProxyHandle, start_proxy
 from tests.egress.gateway_harness import (
@@ -41,6 +41,9 @@ from tests.egress.gateway_harness import (
 )
 
 OTHER_KEY = b"fedcba9876543210fedcba9876543210"
+
+ANY_PORT = ((1, 65535),)
+"""The in-process gateways' upstreams listen on ephemeral ports."""
 
 
 # -- credentials -----------------------------------------------------------------------------
@@ -299,6 +302,7 @@ def _in_process(
         keys=(KEY,),
         policy=EgressPolicy(),
         allow_private=(ipaddress.ip_network(allow),) if allow else (),
+        allowed_ports=ANY_PORT,
     )
     return Gateway(settings, resolve=resolver, audit=lambda event: None)
 
@@ -366,7 +370,10 @@ def test_a_tunnel_ends_when_idle_both_ways_not_while_one_way_streams() -> None:
         talker = await asyncio.start_server(streaming, "127.0.0.1", 0)
         mute = await asyncio.start_server(silent, "127.0.0.1", 0)
         settings = Settings(
-            keys=(KEY,), allow_private=(ipaddress.ip_network("127.0.0.1/32"),), idle_timeout=0.5
+            keys=(KEY,),
+            allow_private=(ipaddress.ip_network("127.0.0.1/32"),),
+            allowed_ports=ANY_PORT,
+            idle_timeout=0.5,
         )
         server = await Gateway(settings, audit=events.append).serve("127.0.0.1", 0)
         port = server.sockets[0].getsockname()[1]
@@ -574,3 +581,45 @@ def test_the_pod_sidecar_program_chains_to_the_gateway_and_keeps_its_key(
         process.terminate()  # what the kubelet does once the subject has ended
         assert process.wait(timeout=20) == 0
     assert len(upstream.seen) == 1
+
+
+# -- ports: the web's only, unless configured --------------------------------------------------
+
+
+def test_only_the_allowed_ports_are_forwarded(tmp_path: Path, upstream: Upstream) -> None:
+    """By default 80 and 443: anything else is refused before any lookup or connection."""
+    process = GatewayProcess(write_key(tmp_path / "key"), allow_ports=()).start()
+    try:
+        auth = auth_header(valid_credential())
+        for target in (f"127.0.0.1:{upstream.port}", "127.0.0.1:25", "db.example.com:5432"):
+            answer, _ = connect(process.port, target, auth)
+            assert answer.status == 403, target
+            assert "is not forwarded (allowed: 80, 443)" in answer.body.decode()
+        answer = send(process.port, _get(f"http://127.0.0.1:{upstream.port}/x", auth))
+        assert answer.status == 403 and "not forwarded" in answer.body.decode()
+        event = process.wait_for(lambda e: e["decision"] == "deny" and e.get("port") == 25)
+        assert "port 25 is not forwarded" in event["reason"]
+        # Port 443 passes this check (and meets the next: nothing listens there).
+        answer, _ = connect(process.port, "127.0.0.1:443", auth)
+        assert "not forwarded" not in answer.body.decode()
+        assert upstream.seen == []
+    finally:
+        process.stop()
+    # Configured: exactly what --allow-port names.
+    wide = GatewayProcess(write_key(tmp_path / "key2"), allow_ports=(str(upstream.port),)).start()
+    try:
+        auth = auth_header(valid_credential())
+        answer = send(wide.port, _get(f"http://127.0.0.1:{upstream.port}/allowed", auth))
+        assert answer.status == 200, answer
+        answer, _ = connect(wide.port, "127.0.0.1:443", auth)
+        assert answer.status == 403 and f"allowed: {upstream.port})" in answer.body.decode()
+    finally:
+        wide.stop()
+
+
+def test_allow_port_values_are_checked() -> None:
+    assert _ports([]) == ((80, 80), (443, 443))
+    assert _ports(["443", "8000-8999", "443"]) == ((443, 443), (8000, 8999))
+    for bad in ("0", "65536", "http", "9-1", "-5", "1-"):
+        with pytest.raises(ValueError, match="--allow-port"):
+            _ports([bad])

@@ -19,7 +19,13 @@ this agent:
   code, reason and the termination message, capped at 4096 bytes like the kubelet)
   back to Pod status;
 - on a Pod deleted (or evicted) while it runs, kills its processes and removes the Pod
-  for good (grace period 0), as a kubelet does once its containers have stopped.
+  for good (grace period 0), as a kubelet does once its containers have stopped;
+- gives a Pod with a native sidecar a network namespace of its own (loopback only, the
+  sidecar's `--upstream` on this machine's loopback bridged in: `PodNetwork`), so that
+  several Pods' egress sidecars can all listen on 127.0.0.1:15080; other Pods share this
+  machine's network;
+- claims a Pod before running it (`_claim`): test sessions running at the same time on
+  one control plane each have an agent for the same node, and a Pod runs once.
 
 Everything else is the real API server, scheduler and controller manager.
 """
@@ -28,13 +34,18 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import ctypes
+import hashlib
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
+import urllib.parse
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -54,6 +65,7 @@ def _now() -> str:
 
 
 SIDECAR_STOP_GRACE_SEC = 5.0
+CLAIM_ANNOTATION = "node-agent.maka-eval.test/claimed-by"
 
 
 @dataclass
@@ -62,6 +74,125 @@ class RunningPod:
     processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
     killed: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+CLONE_NEWNET = 0x40000000
+
+
+def _setns(fd: int) -> None:
+    if _libc.setns(fd, CLONE_NEWNET) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+
+
+class PortBridge:
+    """Listens on 127.0.0.1:PORT inside a Pod's network namespace and relays each
+    connection to 127.0.0.1:PORT of this machine (the egress gateway of the tests)."""
+
+    def __init__(self, namespace: str, port: int) -> None:
+        self.port = port
+        made: list[socket.socket | BaseException] = []
+
+        def listen() -> None:  # a thread of its own: setns changes the calling thread only
+            try:
+                with open(namespace, "rb") as ns:
+                    _setns(ns.fileno())
+                listener = socket.socket()
+                listener.bind(("127.0.0.1", port))
+                listener.listen(16)
+                made.append(listener)
+            except BaseException as exc:
+                made.append(exc)
+
+        thread = threading.Thread(target=listen)
+        thread.start()
+        thread.join()
+        if isinstance(made[0], BaseException):
+            raise made[0]
+        self.listener = made[0]
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                inside, _ = self.listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._relay, args=(inside,), daemon=True).start()
+
+    def _relay(self, inside: socket.socket) -> None:
+        try:
+            outside = socket.create_connection(("127.0.0.1", self.port), timeout=10)
+        except OSError:
+            inside.close()
+            return
+        outside.settimeout(None)
+
+        def pump(a: socket.socket, b: socket.socket) -> None:
+            try:
+                while data := a.recv(65536):
+                    b.sendall(data)
+            except OSError:
+                pass
+            with contextlib.suppress(OSError):
+                b.shutdown(socket.SHUT_WR)
+
+        other = threading.Thread(target=pump, args=(outside, inside), daemon=True)
+        other.start()
+        pump(inside, outside)
+        other.join()
+        inside.close()
+        outside.close()
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.listener.shutdown(socket.SHUT_RDWR)
+        self.listener.close()
+
+
+@dataclass
+class PodNetwork:
+    """A Pod's own network namespace (loopback only), as a kubelet gives every Pod, for
+    Pods with an egress sidecar: two of them at once would both listen on 127.0.0.1:15080
+    in this machine's network. The sidecar's upstream (the gateway on this machine's
+    loopback) is bridged in; nothing else of this machine is reachable."""
+
+    name: str
+    bridges: list[PortBridge] = field(default_factory=list)
+
+    @property
+    def path(self) -> str:
+        return f"/run/netns/{self.name}"
+
+    @classmethod
+    def for_pod(cls, pod: client.V1Pod) -> PodNetwork | None:
+        sidecars = [c for c in pod.spec.init_containers or () if c.restart_policy == "Always"]
+        if not sidecars:
+            return None
+        network = cls(f"mka-{pod.metadata.uid[:12]}")
+        subprocess.run(["ip", "netns", "add", network.name], check=True, capture_output=True)
+        try:
+            subprocess.run(
+                ["ip", "-n", network.name, "link", "set", "lo", "up"],
+                check=True,
+                capture_output=True,
+            )
+            for container in sidecars:
+                args = list(container.args or ())
+                if "--upstream" in args:
+                    upstream = urllib.parse.urlsplit(args[args.index("--upstream") + 1])
+                    if upstream.hostname == "127.0.0.1" and upstream.port:
+                        network.bridges.append(PortBridge(network.path, upstream.port))
+        except BaseException:
+            network.remove()
+            raise
+        return network
+
+    def remove(self) -> None:
+        for bridge in self.bridges:
+            bridge.close()
+        subprocess.run(["ip", "netns", "del", self.name], capture_output=True, check=False)
 
 
 class ProbeFailed(Exception):
@@ -89,6 +220,8 @@ class NodeAgent:
         self.extra_ro = extra_ro
         self.fail_images = fail_images
         self.pods: dict[str, RunningPod] = {}
+        self.id = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.networks: dict[str, PodNetwork] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="node-agent", daemon=True)
         self.started = 0
@@ -134,6 +267,8 @@ class NodeAgent:
             self._finalize_delete(pod)
             return
         if running is None and (pod.status.phase or "Pending") == "Pending":
+            if not self._claim(pod):
+                return
             running = RunningPod(uid)
             self.pods[uid] = running
             self.started += 1
@@ -143,6 +278,27 @@ class NodeAgent:
                 name=f"pod-{pod.metadata.name}",
                 daemon=True,
             ).start()
+
+    def _claim(self, pod: client.V1Pod) -> bool:
+        """Whether this agent runs the Pod. Test sessions running at the same time on one
+        control plane each have an agent for the same node: the first to annotate the
+        Pod (a patch conditional on its resourceVersion) runs it, the others leave it."""
+        owner = (pod.metadata.annotations or {}).get(CLAIM_ANNOTATION)
+        if owner is not None:
+            return owner == self.id
+        patch = {
+            "metadata": {
+                "annotations": {CLAIM_ANNOTATION: self.id},
+                "resourceVersion": pod.metadata.resource_version,
+            }
+        }
+        try:
+            self.core.patch_namespaced_pod(pod.metadata.name, pod.metadata.namespace, patch)
+        except ApiException as exc:
+            if exc.status in (404, 409):
+                return False
+            raise
+        return True
 
     def _finalize_delete(self, pod: client.V1Pod) -> None:
         try:
@@ -174,6 +330,17 @@ class NodeAgent:
                 raise
 
     def _run_pod(self, pod: client.V1Pod, running: RunningPod) -> None:
+        network = PodNetwork.for_pod(pod)
+        if network is not None:
+            self.networks[pod.metadata.uid] = network
+        try:
+            self._run_pod_containers(pod, running)
+        finally:
+            if network is not None:
+                self.networks.pop(pod.metadata.uid, None)
+                network.remove()
+
+    def _run_pod_containers(self, pod: client.V1Pod, running: RunningPod) -> None:
         root = (
             self.work_dir / pod.metadata.namespace / f"{pod.metadata.name}-{pod.metadata.uid[:8]}"
         )
@@ -206,8 +373,10 @@ class NodeAgent:
                     continue
                 init_statuses.append(self._terminated(init, code, "", started))
             else:
-                code, _ = self._run_container(pod, init, root, running)
-                init_statuses.append(self._terminated(init, code, "", started))
+                # Its termination message too, as a kubelet reports it (the relay bundle
+                # check says there why it failed).
+                code, message = self._run_container(pod, init, root, running)
+                init_statuses.append(self._terminated(init, code, message, started))
             if code != 0:
                 self._stop_sidecars(sidecars)
                 self._patch_status(
@@ -320,9 +489,12 @@ class NodeAgent:
     def _fill_secret_volume(self, pod: client.V1Pod, source: Any, folder: Path) -> None:
         secret = self.core.read_namespaced_secret(source.secret_name, pod.metadata.namespace)
         mode = source.default_mode if source.default_mode is not None else 0o644
-        for key, value in (secret.data or {}).items():
-            path = folder / key
-            path.write_bytes(base64.b64decode(value))
+        data = secret.data or {}
+        # With `items`, only the keys listed, at their paths (as a kubelet projects them).
+        items = [(i.key, i.path) for i in source.items] if source.items else None
+        for key, name in items if items is not None else [(k, k) for k in data]:
+            path = folder / name
+            path.write_bytes(base64.b64decode(data[key]))
             path.chmod(mode)
 
     @staticmethod
@@ -427,7 +599,9 @@ class NodeAgent:
     ) -> list[str]:
         """bubblewrap arguments that build the container's file system (no command)."""
         overlays = self.images.get(container.image) or {}
+        network = self.networks.get(pod.metadata.uid)
         argv = [
+            *(["nsenter", f"--net={network.path}"] if network is not None else []),
             "bwrap",
             "--die-with-parent",
             "--unshare-pid",
@@ -467,6 +641,9 @@ def relay_bundle(directory: Path) -> Path:
     script = bin_dir / "maka-relay"
     script.write_text(f'#!/bin/sh\nexec {sys.executable} -m maka_eval.relay "$@"\n')
     script.chmod(0o755)
+    # The manifest the Pod's init container checks its copy against (k8s/relay_bundle.py).
+    digest = hashlib.sha256(script.read_bytes()).hexdigest()
+    (directory / "checksums.sha256").write_text(f"{digest}  ./bin/maka-relay\n")
     return directory
 
 

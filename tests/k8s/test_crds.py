@@ -395,7 +395,8 @@ def test_the_example_experiment_applies_and_prints_columns(
         ),
         (lambda s: s["tasks"][1].update(id="-bad-"), "spec.tasks[1].id", "should match"),
         (lambda s: s.update(repetitions=0), "spec.repetitions", "should be greater than"),
-        (lambda s: s.pop("verifier"), "spec.verifier", "Required value"),
+        # (verifier is optional: `verifier: {}` and no verifier both mean Harbor's.)
+        (lambda s: s.pop("subjects"), "spec.subjects", "Required value"),
     ],
 )
 def test_an_invalid_experiment_is_refused_naming_the_field(

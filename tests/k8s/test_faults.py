@@ -535,7 +535,12 @@ def assert_end_state(api: FaultyKubernetes, cells: list[str]) -> None:
         assert result is not None, attempt
         assert (result["status"], result["score"]) == ("completed", 1.0)
     for cell in cells:
-        status = api.stored("cells")[cell].get("status") or {}
+        status = dict(api.stored("cells")[cell].get("status") or {})
+        # The kstatus conditions (tests/k8s/test_observability.py checks them in full).
+        conditions = {c["type"]: c for c in status.pop("conditions", [])}
+        assert conditions["Ready"]["status"] == "True", conditions
+        assert conditions["Ready"]["reason"] == "ResultSelected", conditions
+        assert status.pop("observedGeneration") == 1
         assert status == {
             "attempts": 1,
             "phase": "Done",

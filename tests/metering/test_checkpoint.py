@@ -355,7 +355,8 @@ FULL = {"inputPerMTok": 1, "outputPerMTok": 1, "cacheReadPerMTok": 1, "cacheWrit
     "bad",
     [
         "[]",
-        json.dumps({"m": {k: v for k, v in FULL.items() if k != "cacheWritePerMTok"}}),
+        json.dumps({"m": {k: v for k, v in FULL.items() if k != "outputPerMTok"}}),
+        json.dumps({"m": {k: v for k, v in FULL.items() if k != "inputPerMTok"}}),
         json.dumps({"m": {**FULL, "inputPerMTok": -1}}),
         json.dumps({"m": {**FULL, "inputPerMTok": "1"}}),
         json.dumps({"m": {**FULL, "x": 1}}),
@@ -420,3 +421,15 @@ def test_a_leftover_or_planted_temporary_file_does_not_stop_the_writer(tmp_path)
     assert read_checkpoint(path, TOKEN) == SAMPLE
     assert stat.S_ISFIFO(planted.lstat().st_mode)
     assert sorted(p.name for p in folder.iterdir()) == sorted([path.name, planted.name])
+
+
+def test_cache_prices_are_optional_but_a_run_that_needs_one_has_no_cost():
+    prices = Prices.from_dict({"gpt-4o*": {"inputPerMTok": 2.5, "outputPerMTok": 10}})
+    assert prices.to_dict() == {"gpt-4o*": {"inputPerMTok": 2.5, "outputPerMTok": 10}}
+    plain = {"gpt-4o-2024-08-06": Usage(input_tokens=1000, output_tokens=200)}
+    assert prices.cost(plain) == (0.0045, ())
+    cached = {"gpt-4o-2024-08-06": Usage(input_tokens=1000, cached_input_tokens=10)}
+    assert prices.cost(cached) == (None, ("gpt-4o-2024-08-06",))
+    assert prices.unpriced(cached) == {"gpt-4o-2024-08-06": "no cacheReadPerMTok"}
+    assert prices.unpriced({"o3": Usage(output_tokens=1)}) == {"o3": "no price"}
+    assert prices.unpriced({"o3": Usage()}) == {}  # no tokens: nothing to price

@@ -21,6 +21,7 @@ from maka_eval.analysis.plots import (
 )
 from maka_eval.analysis.report import Report
 from maka_eval.analysis.statistics import CONFIDENCE, Interval
+from maka_eval.store.attempts import collector_paused
 
 MAX_LISTED_CELLS = 60
 
@@ -472,6 +473,11 @@ def _missing_section(report: Report) -> str:
 
 def render_page(report: Report) -> str:
     """The whole page as one string."""
+    with collector_paused():  # matplotlib allocates much; the report's rows are many
+        return _page(report)
+
+
+def _page(report: Report) -> str:
     colors = arm_colors([arm.arm for arm in report.arms])
     title = "maka-eval report: " + ", ".join(sorted({r.experiment_id for r in report.runs}))
     parts = [

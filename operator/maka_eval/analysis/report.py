@@ -30,6 +30,7 @@ from maka_eval.analysis.provenance import RunInfo, run_differences, run_info
 from maka_eval.analysis.source import AttemptSource
 from maka_eval.analysis.statistics import CONFIDENCE, DEFAULT_RESAMPLES, Interval
 from maka_eval.analysis.summary import RunSummary, summarize_source
+from maka_eval.store.attempts import collector_paused
 
 RUN_LABELS = ("A", "B")
 SUMMARY_FORMAT = "maka.eval.report.v1"
@@ -115,6 +116,13 @@ def build_report(
     if resamples < 1:
         raise ValueError("the bootstrap needs at least one resample")
     summaries = list(summaries) if summaries is not None else [summarize_source(s) for s in sources]
+    with collector_paused():  # a row per cell, no cycles
+        return _analysed(sources, summaries, resamples, seed)
+
+
+def _analysed(
+    sources: Sequence[AttemptSource], summaries: Sequence[RunSummary], resamples: int, seed: int
+) -> Report:
     labels = RUN_LABELS if len(sources) == 2 else ("",)
     runs = tuple(
         run_info(source, summary, label)
@@ -433,6 +441,11 @@ class Written:
 
 def write_report(report: Report, out_dir: Path, *, html: bool = True) -> Written:
     """Write summary.json, cells.csv and (unless html=False) report.html into out_dir."""
+    with collector_paused():
+        return _written(report, out_dir, html)
+
+
+def _written(report: Report, out_dir: Path, html: bool) -> Written:
     out_dir.mkdir(parents=True, exist_ok=True)
     summary_path = out_dir / "summary.json"
     summary_path.write_text(json.dumps(report_json(report), indent=2) + "\n", encoding="utf-8")

@@ -63,7 +63,7 @@ def _spec_policy(spec: Path) -> tuple[EgressPolicy | None, str]:
 
     loaded = load_experiment_file(spec)
     prefix = "spec." if loaded.form == "kubernetes" else ""
-    config = loaded.experiment.spec.executor.config.egress
+    config = loaded.experiment.spec.executor_egress
     if config is None:
         raise SpecError(
             f"{spec} configures no egress policy",

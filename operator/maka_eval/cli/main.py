@@ -25,7 +25,12 @@ from maka_eval.analysis.summary import RunSummary, summarize_source
 from maka_eval.cli import render
 from maka_eval.cli.progress import RunProgress
 from maka_eval.engine.expand import expand
-from maka_eval.errors import MakaEvalError
+from maka_eval.errors import MakaEvalError, PrerequisiteError
+from maka_eval.executors.attempts import (
+    check_plugin_prerequisites,
+    plugin_of,
+    readiness_problems,
+)
 from maka_eval.local.executor import LocalRun, RunOptions, RunReport
 from maka_eval.local.prerequisites import check_prerequisites, work_root_path
 from maka_eval.process_table import ProcessEntry
@@ -104,6 +109,20 @@ def validate(
             out.print(f"  task group {group.id}", highlight=False)
             for member in group.cells:
                 out.print(f"    {member.id}", highlight=False)
+    execution = plugin_of(loaded.experiment)
+    if execution is not None:
+        prefix = "spec." if loaded.form == "kubernetes" else ""
+        found = check_plugin_prerequisites(execution, loaded.experiment, os.environ, prefix)
+        out.print(
+            f"[green]✓[/green] prerequisites for executor '{execution.plugin.kind}' are present"
+        )
+        for item in found:
+            name = item.name if prefix else item.name.removeprefix("spec.")
+            out.print(f"  {name}: {item.detail or 'found'}", highlight=False, markup=False)
+        return
+    unready = readiness_problems(loaded.experiment, "spec." if loaded.form == "kubernetes" else "")
+    if unready:
+        raise PrerequisiteError("this experiment cannot run yet:", unready)
     if loaded.experiment.spec.executor.kind != "local":
         out.print(
             "prerequisites (images, the Secrets of declared credentials) are checked by the "
@@ -372,6 +391,17 @@ def operator_command(
             "from; the gateway mounts the same. Default: maka-eval-egress-gateway.",
         ),
     ] = None,
+    relay_bundle_digest: Annotated[
+        str | None,
+        typer.Option(
+            "--relay-bundle-digest",
+            envvar="MAKA_EVAL_RELAY_BUNDLE_DIGEST",
+            help="sha256:<64 hex> of the relay bundle (printed by hack/build-images.sh): "
+            "every attempt Pod checks its copy before the subject starts, and a bundle "
+            "with another digest fails the attempt as infrastructure. Default: no pin "
+            "(the bundle is still checked against its own manifest).",
+        ),
+    ] = None,
 ) -> None:
     """Run the Kubernetes operator: Experiments applied with kubectl run as Pods."""
     from maka_eval.k8s.egress import GatewaySettings
@@ -383,6 +413,13 @@ def operator_command(
         )
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--egress-gateway") from None
+    if relay_bundle_digest:
+        from maka_eval.k8s.relay_bundle import OPERATOR_PIN, BadDigest, check_digest
+
+        try:
+            check_digest(relay_bundle_digest, OPERATOR_PIN)
+        except BadDigest as exc:
+            raise typer.BadParameter(str(exc), param_hint="--relay-bundle-digest") from None
 
     run_operator(
         namespaces=tuple(namespace or ()),
@@ -392,6 +429,7 @@ def operator_command(
         kubeconfig=str(kubeconfig) if kubeconfig else None,
         verbose=verbose,
         egress=egress,
+        relay_digest=relay_bundle_digest or None,
     )
 
 

@@ -18,6 +18,7 @@ from maka_eval.cli.egress import egress_summary
 from maka_eval.engine.expand import Expansion
 from maka_eval.engine.selection import CellState
 from maka_eval.spec.load import LoadedExperiment
+from maka_eval.spec.metering import prices_summary
 from maka_eval.spec.subjects import ExternalSubject, MakaSubject
 from maka_eval.store.lock import LockState
 
@@ -61,7 +62,12 @@ def expansion_view(loaded: LoadedExperiment, expansion: Expansion) -> Renderable
     table.add_row("experiment", f"{loaded.experiment.id}  ({loaded.form} form)")
     table.add_row(
         "benchmark",
-        f"{spec.benchmark.id} {spec.benchmark.version}  (tasks in {spec.benchmark.config.path})",
+        f"{spec.benchmark.id} {spec.benchmark.version}  "
+        + (
+            f"(tasks in {spec.benchmark.config.path})"
+            if spec.benchmark.source == "directory"
+            else "(inline tasks)"
+        ),
     )
     table.add_row("executor", spec.executor.kind)
     table.add_row(
@@ -86,9 +92,12 @@ def expansion_view(loaded: LoadedExperiment, expansion: Expansion) -> Renderable
         limits.append(f"{spec.budget.max_tokens:,} tokens")
     table.add_row("budget", ", ".join(limits) or "no limit")
     table.add_row("infra retries", f"up to {spec.execution.max_infra_retries} per cell")
-    egress = egress_summary(spec.executor.config.egress)
+    egress = egress_summary(spec.executor_egress)
     if egress is not None:
         table.add_row("egress", egress)
+    prices = prices_summary(spec.metering)
+    if prices is not None or egress is not None:
+        table.add_row("prices", prices or "none: metered usage gets no cost (spec.metering.prices)")
     return table
 
 

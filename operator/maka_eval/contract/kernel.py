@@ -14,11 +14,12 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from math import isfinite
 from typing import Any, TypeVar
 
-from maka_eval.contract.fields import ContractError, Fields, finite, load_bounded
+from maka_eval.contract.fields import ContractError, Fields, assembled, finite, load_bounded
 from maka_eval.engine.status import AttemptStatus, StatusSource
-from maka_eval.engine.usage import Usage, UsageError
+from maka_eval.engine.usage import MAX_TOKENS, USAGE_FIELDS, Usage, UsageError
 
 KERNEL_FORMAT = "maka.eval.kernel.v1"
 MAX_KERNEL_BYTES = 4096
@@ -155,6 +156,16 @@ class ResultKernel:
     @classmethod
     def from_dict(cls, obj: Any, where: str = "") -> ResultKernel:
         """Validate an already-decoded kernel (the in-process path skips only the bytes)."""
+        if type(obj) is dict:
+            plain = plain_kernel(obj)
+            if plain is not None:
+                return plain
+        return cls.from_fields(obj, where)
+
+    @classmethod
+    def from_fields(cls, obj: Any, where: str = "") -> ResultKernel:
+        """`from_dict` field by field: the rules for every input, each failure naming
+        its field (`from_dict` first tries `plain_kernel`, which only accepts)."""
         f = Fields(obj, where, _KERNEL_KEYS)
         if f.raw("format") != KERNEL_FORMAT:
             raise ContractError(f"{f.path('format')}: must be '{KERNEL_FORMAT}'")
@@ -217,6 +228,139 @@ E = TypeVar("E", AttemptStatus, StatusSource)
 # Looked up by value: calling the enum class costs more than the rest of a field's check.
 _STATUSES = {m.value: m for m in AttemptStatus}
 _SOURCES = {m.value: m for m in StatusSource}
+
+
+def plain_kernel(obj: dict[str, Any]) -> ResultKernel | None:
+    """The kernel of a wire form in which every field has its plain valid form (a float
+    score, no unknown field, ...), read in a few steps; None for anything else.
+
+    A store reads 100,000 kernels at a time, nearly all of them such. It accepts only
+    what `ResultKernel.from_fields` accepts, as the same kernel (a test holds them to
+    it); what it declines, `from_fields` reads or refuses, naming the field."""
+    if not _KERNEL_KEYS.issuperset(obj) or obj.get("format") != KERNEL_FORMAT:
+        return None
+    status = obj.get("status")
+    source = obj.get("statusSource")
+    if type(status) is not str or type(source) is not str:
+        return None
+    status = _STATUSES.get(status)
+    source = _SOURCES.get(source)
+    score = obj.get("score")
+    cost = obj.get("costUsd")
+    duration = obj.get("durationSec")
+    if (
+        status is None
+        or source is None
+        or not (score is None or (type(score) is float and isfinite(score)))
+        or not (cost is None or (type(cost) is float and isfinite(cost) and cost >= 0))
+        or type(duration) is not float
+        or not isfinite(duration)
+        or not duration >= 0
+    ):
+        return None
+    usage = obj.get("usage")
+    if usage is not None:
+        usage = _plain_usage(usage) if type(usage) is dict else None
+        if usage is None:
+            return None
+    artifacts = obj.get("artifacts")
+    metrics = obj.get("metrics")
+    reason = obj.get("reason")
+    exit_code = obj.get("exitCode")
+    omitted = obj.get("artifactsOmitted")
+    isolation = obj.get("isolation")
+    notes = obj.get("notes") or ()
+    if (
+        type(artifacts) is not list
+        or not (reason is None or (type(reason) is str and len(reason) <= REASON_LIMIT))
+        or not (exit_code is None or (type(exit_code) is int and exit_code >= -(2**31)))
+        or not (omitted is None or (type(omitted) is int and omitted >= 0))
+        or not (isolation is None or (type(isolation) is str and len(isolation) <= 32))
+    ):
+        return None
+    if metrics is None or (type(metrics) is dict and not metrics):
+        metrics = {}
+    elif type(metrics) is dict and all(
+        type(k) is str and type(v) is float and isfinite(v) for k, v in metrics.items()
+    ):
+        metrics = dict(metrics)
+    else:
+        return None
+    if notes:
+        if type(notes) is not list or not all(isinstance(n, str) for n in notes):
+            return None
+        notes = tuple(notes)
+    try:
+        entries = (
+            tuple(ArtifactEntry.from_dict(a, f"artifacts[{i}]") for i, a in enumerate(artifacts))
+            if artifacts
+            else ()
+        )
+        kernel = assembled(
+            ResultKernel,
+            {
+                "status": status,
+                "score": score,
+                "usage": usage,
+                "cost_usd": cost,
+                "duration_sec": duration or 0.0,
+                "artifacts": entries,
+                "status_source": source,
+                "reason": reason,
+                "exit_code": exit_code,
+                "metrics": metrics,
+                "artifacts_omitted": omitted or 0,
+                "isolation": isolation,
+                "notes": notes,
+            },
+        )
+        if metrics or notes or len(entries) > 1 or isolation is not None:
+            check(kernel)  # what __post_init__ checks
+        elif (score is None) is status.is_result or (exit_code is None) is (
+            source is StatusSource.EXIT_CODE
+        ):
+            return None  # the rest of check() is what the reads above made sure of
+    except ContractError:  # broke a rule: from_fields names it
+        return None
+    return kernel
+
+
+_USAGE_KEYS = frozenset(USAGE_FIELDS) | {"totalTokens"}
+
+
+def _plain_usage(obj: dict[str, Any]) -> Usage | None:
+    """`Usage.from_json` for plain whole numbers in range; None for anything else."""
+    if not _USAGE_KEYS.issuperset(obj):
+        return None
+    input_tokens = obj.get("inputTokens", 0)
+    cached = obj.get("cachedInputTokens", 0)
+    cache_write = obj.get("cacheWriteTokens", 0)
+    output = obj.get("outputTokens", 0)
+    total = obj.get("totalTokens")
+    if not (
+        type(input_tokens) is int
+        and type(cached) is int
+        and type(cache_write) is int
+        and type(output) is int
+        and 0 <= input_tokens <= MAX_TOKENS
+        and 0 <= cached <= MAX_TOKENS
+        and 0 <= cache_write <= MAX_TOKENS
+        and 0 <= output <= MAX_TOKENS
+        and (
+            total is None
+            or (type(total) is int and total == input_tokens + cached + cache_write + output)
+        )
+    ):
+        return None
+    return assembled(
+        Usage,
+        {
+            "input_tokens": input_tokens,
+            "cached_input_tokens": cached,
+            "cache_write_tokens": cache_write,
+            "output_tokens": output,
+        },
+    )
 
 
 def _member(members: Mapping[str, E], f: Fields, key: str) -> E:

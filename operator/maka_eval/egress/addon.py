@@ -22,7 +22,7 @@ What they do:
   that speaks first, DNS) is closed before a byte is forwarded. Without a loaded
   policy mitmdump does not start, and no request passes: the proxy fails closed.
 - **Audit** (`egress.audit`): every decision, one JSON line, bounded and rotated, 0600
-  in a private folder.
+  in a private folder, appended after the event loop's turn (`AuditLog`).
 - **CA** (`Lifecycle`): mitmproxy generates the cell's CA in the private confdir; only
   `mitmproxy-ca-cert.pem` is copied into the publish folder (0644) that the subject
   mounts read-only. The key never leaves the confdir.
@@ -68,12 +68,16 @@ from maka_eval.metering.providers import (
     looks_like_json_object,
     strip_web_tools,
 )
+from maka_eval.metering.settle import SETTLE_HOST
 
 log = logging.getLogger("maka_eval.egress")
 
 CA_CERT_NAME = "mitmproxy-ca-cert.pem"
 _FLOW_KEY = "maka_eval.metering"
 MAX_TOKEN_BYTES = 4096
+VERDICT_CACHE_SIZE = 4096
+VERDICT_CACHE_URL_LIMIT = 2048
+"""URLs whose blocklist verdict the proxy remembers, and how long such a URL may be."""
 
 
 def _options_error(message: str) -> Exception:
@@ -237,9 +241,27 @@ class Guard:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
+        self._verdicts: dict[str, Verdict] = {}
+        self._verdicts_of: EgressPolicy | None = None
 
     def _policy(self) -> EgressPolicy | None:
         return self.settings.policy
+
+    def _check_url(self, policy: EgressPolicy, url: str) -> Verdict:
+        """`policy.check_url`, remembered per URL: a verdict depends on the URL and the
+        policy alone, and an agent asks the same few URLs (its model's endpoint) over
+        and over. Forgotten when the policy changes or VERDICT_CACHE_SIZE are kept; a
+        URL longer than VERDICT_CACHE_URL_LIMIT is checked every time (the memory a
+        subject can make the proxy hold stays bounded)."""
+        if len(url) > VERDICT_CACHE_URL_LIMIT:
+            return policy.check_url(url)
+        if self._verdicts_of is not policy or len(self._verdicts) >= VERDICT_CACHE_SIZE:
+            self._verdicts = {}
+            self._verdicts_of = policy
+        verdict = self._verdicts.get(url)
+        if verdict is None:
+            verdict = self._verdicts[url] = policy.check_url(url)
+        return verdict
 
     def http_connect(self, flow: http.HTTPFlow) -> None:
         """A tunnel is refused by host before any connection is made."""
@@ -273,7 +295,7 @@ class Guard:
         verdict = Verdict(True, None, "no egress policy is loaded; refused")
         if policy is not None:
             for url in urls:
-                verdict = policy.check_url(url)
+                verdict = self._check_url(policy, url)
                 if verdict.blocked:
                     break
         self.settings.record(
@@ -486,10 +508,35 @@ class Lifecycle:
             self.settings.audit.close()
 
 
+class Settlement:
+    """Answers a settle request (metering.settle: a relay that cannot signal the proxy,
+    in a Pod) itself, once the settled checkpoint is written. Before the blocklist: it
+    never leaves the proxy."""
+
+    def __init__(self, lifecycle: Lifecycle) -> None:
+        self.lifecycle = lifecycle
+
+    def request(self, flow: http.HTTPFlow) -> None:
+        if flow.response is not None or flow.request.host != SETTLE_HOST:
+            return
+        self.lifecycle.settle()
+        if self.lifecycle.settings.meter.flush(5.0):
+            flow.response = _text_response(200, "settled")
+        else:
+            flow.response = _text_response(503, "the checkpoint could not be written in time")
+
+
 def make_addons() -> list[Any]:
     """The addons, in the order mitmproxy must call them (the blocklist first)."""
     settings = Settings()
-    return [Options(settings), Guard(settings), Metering(settings), Lifecycle(settings)]
+    lifecycle = Lifecycle(settings)
+    return [
+        Options(settings),
+        Settlement(lifecycle),
+        Guard(settings),
+        Metering(settings),
+        lifecycle,
+    ]
 
 
 addons = make_addons()

@@ -22,6 +22,7 @@ MIN_KEY_BYTES = 16
 """A shorter key is refused: the passwords are only as strong as the key."""
 _DOMAIN = b"maka-eval egress gateway v1\0"
 """Keeps these MACs apart from anything else a reused key might sign."""
+_TOKEN_DOMAIN = b"maka-eval result token v1\0"
 _IDENTITY = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?/[a-z0-9]([-.a-z0-9]*[a-z0-9])?$")
 IDENTITY_MAX_LENGTH = 63 + 1 + 253
 
@@ -64,6 +65,16 @@ def password(key: bytes, identity: str) -> str:
 def credential(key: bytes, identity: str) -> str:
     """`identity:password`: mitmproxy's `upstream_auth` value, the Secret's content."""
     return f"{identity}:{password(key, identity)}"
+
+
+def result_token(key: bytes, identity: str, attempt_uid: str) -> str:
+    """An attempt's result token: the HMAC key of its egress sidecar's provider-usage
+    checkpoint, which the relay verifies. Derived (HMAC-SHA256 of the identity and the
+    Attempt's uid under the gateway key, apart from the passwords by its domain), so
+    rendering the attempt's Secret stays a pure function; an Attempt made again under
+    the same name gets another one."""
+    message = _TOKEN_DOMAIN + identity.encode() + b"\0" + attempt_uid.encode()
+    return hmac.new(key, message, hashlib.sha256).hexdigest()
 
 
 def proxy_authorization(value: str) -> str:

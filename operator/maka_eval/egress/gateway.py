@@ -16,6 +16,8 @@ For a request with a valid credential the gateway
   inside IPv6 unwrapped), then connects to an address it checked -- never to the name
   again, so an answer that changes between the check and the connect (DNS rebinding)
   cannot slip through;
+- forwards to the web's ports only: 80 and 443 unless `--allow-port` names others
+  (a subject has no business reaching a mail server or a database through it);
 - applies the contamination blocklist (`EgressPolicy.check_host`, and `check_url` for
   plain-HTTP requests) as a second line behind the sidecar's;
 - writes every decision to stdout as one JSON object a line (the audit log).
@@ -49,6 +51,16 @@ from maka_eval.egress import credential
 from maka_eval.egress.policy import EgressPolicy, PolicyError, Verdict
 
 DEFAULT_PORT = 3128
+PortRange = tuple[int, int]
+DEFAULT_ALLOWED_PORTS: tuple[PortRange, ...] = ((80, 80), (443, 443))
+"""The destination ports forwarded to (HTTP and HTTPS); `--allow-port` replaces them."""
+
+
+def port_ranges_text(ranges: Iterable[PortRange]) -> str:
+    """`80, 443, 8000-8999`."""
+    return ", ".join(str(lo) if lo == hi else f"{lo}-{hi}" for lo, hi in ranges)
+
+
 HEAD_LIMIT = 64 * 1024
 """Largest request or response head (request line and headers) the gateway reads."""
 REALM = "maka-eval egress gateway"
@@ -110,12 +122,57 @@ _REASONS = {
 
 
 class Refusal(Exception):
-    """A request the gateway answers with an error status and a reason."""
+    """A request the gateway answers with an error status and a reason; `check` and
+    `rule` name what decided (the labels of the gateway's request counter)."""
 
-    def __init__(self, status: int, reason: str) -> None:
+    def __init__(self, status: int, reason: str, *, check: str = "", rule: str = "") -> None:
         super().__init__(f"{status}: {reason}")
         self.status = status
         self.reason = reason
+        self.check = check or _CHECK_BY_STATUS.get(status, "request")
+        self.rule = rule
+
+
+_CHECK_BY_STATUS = {407: "credential", 403: "destination", 502: "upstream", 504: "upstream"}
+"""The check a refusal without an explicit one comes from (400, 405, 431, 501: the
+request itself)."""
+
+
+class GatewayMetrics:
+    """The gateway's Prometheus counters, on a registry of its own (`serve` exposes it).
+    prometheus-client is imported only when metrics are asked for."""
+
+    def __init__(self) -> None:
+        from prometheus_client import CollectorRegistry, Counter
+
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.requests = Counter(
+            "maka_eval_gateway_requests",
+            "Requests by decision (allow, deny, error) and the check that decided "
+            "(rule: the blocklist entry that matched)",
+            ["decision", "check", "rule"],
+            registry=self.registry,
+        )
+        self.bytes = Counter(
+            "maka_eval_gateway_bytes",
+            "Bytes moved for allowed requests: sent to the destination, received from it",
+            ["direction"],
+            registry=self.registry,
+        )
+
+    def decided(self, decision: str, check: str, rule: str) -> None:
+        self.requests.labels(decision, check, rule).inc()
+
+    def ended(self, sent: int, received: int) -> None:
+        self.bytes.labels("sent").inc(sent)
+        self.bytes.labels("received").inc(received)
+
+    def serve(self, port: int, address: str = "0.0.0.0") -> Any:
+        """Serve /metrics on address:port from a thread of its own; the server."""
+        from prometheus_client import start_http_server
+
+        server, _thread = start_http_server(port, addr=address, registry=self.registry)
+        return server
 
 
 def _policy_refusal(verdict: Verdict) -> str | None:
@@ -336,6 +393,8 @@ class Settings:
     policy: EgressPolicy | None = None
     allow_private: tuple[IPNetwork, ...] = ()
     """Ranges let through although not public: for tests' loopback upstreams only."""
+    allowed_ports: tuple[PortRange, ...] = DEFAULT_ALLOWED_PORTS
+    """Destination ports forwarded to; any other is refused (403) before any lookup."""
     connect_timeout: float = 10.0
     head_timeout: float = 30.0
     idle_timeout: float = 900.0
@@ -353,6 +412,9 @@ class _Exchange:
     address: str | None = None
     sent: int = 0
     received: int = 0
+    check: str = "none"
+    """What decided a refusal (Refusal.check); "none" for an allowed request."""
+    rule: str = ""
     started: float = field(default_factory=time.monotonic)
     active: float = field(default_factory=time.monotonic)
     """When a byte last moved, in either direction (the idle timeout's clock)."""
@@ -367,12 +429,14 @@ class Gateway:
         *,
         resolve: Resolver = system_resolve,
         audit: Callable[[Mapping[str, Any]], None] | None = None,
+        metrics: GatewayMetrics | None = None,
     ) -> None:
         if not settings.keys:
             raise ValueError("the gateway needs at least one key")
         self.settings = settings
         self.resolve = resolve
         self.audit = audit or json_lines(sys.stdout)
+        self.metrics = metrics
 
     async def serve(self, host: str | None, port: int) -> asyncio.Server:
         """Listen on host:port (all interfaces for None)."""
@@ -425,6 +489,7 @@ class Gateway:
             self._audit(exchange, "end", None)
         except Refusal as refusal:
             decision = "deny" if refusal.status < 500 else "error"
+            exchange.check, exchange.rule = refusal.check, refusal.rule
             self._audit(exchange, decision, refusal.status, refusal.reason)
             extra = (
                 {"Proxy-Authenticate": f'Basic realm="{REALM}"'} if refusal.status == 407 else None
@@ -436,6 +501,7 @@ class Gateway:
             if exchange.destination is not None:
                 self._audit(exchange, "end", None, f"connection ended: {type(exc).__name__}")
         except Exception as exc:  # one connection's failure never stops the gateway
+            exchange.check = "internal"
             self._audit(exchange, "error", None, f"{type(exc).__name__}: {exc}"[:500])
         finally:
             for w in (upstream, writer):
@@ -447,16 +513,22 @@ class Gateway:
     async def _check(self, destination: Destination, *, plain: bool) -> list[str]:
         """The addresses to connect to; Refusal(403) when the destination is refused."""
         host, port = destination.host, destination.port
+        if not any(lo <= port <= hi for lo, hi in self.settings.allowed_ports):
+            allowed = port_ranges_text(self.settings.allowed_ports)
+            raise Refusal(403, f"port {port} is not forwarded (allowed: {allowed})", check="port")
         reason = host_refusal(host)
         if reason:
-            raise Refusal(403, reason)
+            raise Refusal(403, reason, check="destination")
         policy = self.settings.policy
         if policy is not None:
-            reason = _policy_refusal(policy.check_host(host, port))
-            if reason is None and plain:
-                reason = _policy_refusal(policy.check_url(destination.url))
+            verdict = policy.check_host(host, port)
+            if not verdict.blocked and plain:
+                verdict = policy.check_url(destination.url)
+            reason = _policy_refusal(verdict)
             if reason:
-                raise Refusal(403, f"{host} is blocked: {reason}")
+                raise Refusal(
+                    403, f"{host} is blocked: {reason}", check="blocklist", rule=verdict.rule or ""
+                )
         try:
             literal: IPAddress | None = ipaddress.ip_address(host)
         except ValueError:
@@ -476,7 +548,7 @@ class Gateway:
             reason = address_refusal(address, self.settings.allow_private)
             if reason:
                 shown = "" if literal is not None else f"{host} resolves to "
-                raise Refusal(403, f"{shown}{reason}")
+                raise Refusal(403, f"{shown}{reason}", check="address")
         return addresses
 
     async def _connect(
@@ -625,6 +697,11 @@ class Gateway:
     def _audit(
         self, exchange: _Exchange, decision: str, status: int | None, reason: str = ""
     ) -> None:
+        if self.metrics is not None:
+            if decision == "end":
+                self.metrics.ended(exchange.sent, exchange.received)
+            else:
+                self.metrics.decided(decision, exchange.check, exchange.rule)
         destination = exchange.destination
         event: dict[str, Any] = {
             "time": _stamp(),
@@ -722,6 +799,18 @@ def _networks(values: Iterable[str]) -> tuple[IPNetwork, ...]:
     return tuple(ipaddress.ip_network(v, strict=False) for v in values)
 
 
+def _ports(values: Sequence[str]) -> tuple[PortRange, ...]:
+    """`--allow-port` values as ranges; ValueError names a bad one."""
+    ranges = []
+    for value in values:
+        low, dash, high = value.partition("-")
+        high = high if dash else low
+        if not (low.isdigit() and high.isdigit() and 0 < int(low) <= int(high) < 65536):
+            raise ValueError(f"--allow-port {value!r} is not a TCP port or range (1 to 65535)")
+        ranges.append((int(low), int(high)))
+    return tuple(sorted(set(ranges))) or DEFAULT_ALLOWED_PORTS
+
+
 def _load_policy(path: Path | None, preset: str) -> EgressPolicy:
     return EgressPolicy.from_file(path) if path is not None else EgressPolicy(preset)
 
@@ -762,6 +851,20 @@ def parser() -> argparse.ArgumentParser:
         help="let through this non-public range (tests: a loopback upstream); cloud "
         "metadata addresses stay refused",
     )
+    p.add_argument(
+        "--allow-port",
+        action="append",
+        default=[],
+        metavar="PORT[-PORT]",
+        help="forward to this destination port or range (repeat; replaces the default: 80 and 443)",
+    )
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        help="serve Prometheus metrics (requests allowed and refused by check and rule) "
+        "on this port, path /metrics (default: none)",
+    )
     p.add_argument("--connect-timeout", type=float, default=10.0)
     p.add_argument("--idle-timeout", type=float, default=900.0)
     return p
@@ -772,10 +875,14 @@ async def _serve(args: argparse.Namespace) -> None:
         keys=read_keys(args.key_file),
         policy=_load_policy(args.policy, args.preset),
         allow_private=_networks(args.allow_private),
+        allowed_ports=_ports(args.allow_port),
         connect_timeout=args.connect_timeout,
         idle_timeout=args.idle_timeout,
     )
-    gateway = Gateway(settings)
+    metrics = GatewayMetrics() if args.metrics_port is not None else None
+    gateway = Gateway(settings, metrics=metrics)
+    if metrics is not None:
+        metrics.serve(args.metrics_port)
     server = await gateway.serve(args.host, args.port)
     ports = sorted({int(s.getsockname()[1]) for s in server.sockets})
     gateway.audit({"time": _stamp(), "event": "listening", "ports": ports})

@@ -1,11 +1,24 @@
-"""Start one cell's egress proxy: `mitmdump` with the egress addons, its own CA.
+"""Start one cell's egress proxy: mitmproxy with the egress addons, its own CA.
 
 `start_proxy` lays out a private state folder (0700: the policy, the result token, the
-generated CA in `confdir`, the audit log, mitmdump's own log), runs `mitmdump` from
-this interpreter's environment with `egress/addon.py`, and returns once it listens --
-or raises ProxyStartError with the end of its log. Only the CA certificate reaches
-`publish_dir`, the folder the subject mounts read-only. The handle settles metering
-(SIGUSR1) and stops the proxy (SIGTERM, which settles too), reaping the process.
+generated CA in `confdir`, the audit log, the proxy's own log), runs the proxy from
+this interpreter's environment (`python -m maka_eval.egress.proxy`, below) and returns
+once it listens -- or raises ProxyStartError with the end of its log. Only the CA
+certificate reaches `publish_dir`, the folder the subject mounts read-only. The handle
+settles metering (SIGUSR1) and stops the proxy (SIGTERM, which settles too), reaping the
+process.
+
+The proxy is mitmproxy embedded through its Python API rather than `mitmdump`: the
+egress addons (`egress/addon.py`, the same ones the cluster's sidecar loads into
+mitmdump) with only the built-in addons a forward proxy needs (`BUILTIN_ADDONS`).
+`mitmdump` loads some 35 addons -- flow export, replay, map-local, cookies, the flow
+printer -- and mitmproxy offers every event of every request to each of them, which
+was half of the proxy's CPU time per request (bench/README.md).
+
+The proxy dies with the process that started it: it watches the read end of a pipe
+whose only write end that process holds (`--lifeline`), and shuts down (settling the
+checkpoint) when the pipe closes -- also when that process was SIGKILLed. Whenever it
+exits it removes its confdir: the CA key does not outlive the cell.
 
 With `upstream` the proxy chains to another proxy (the cluster's egress gateway):
 mitmproxy's `upstream:URL` mode, with the gateway credential passed in a private file,
@@ -14,14 +27,19 @@ never on the command line.
 
 from __future__ import annotations
 
+import argparse
+import asyncio
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from maka_eval import strict_json
 from maka_eval.egress.policy import EgressPolicy
@@ -42,6 +60,12 @@ class ProxyStartError(RuntimeError):
 def mitmdump_path() -> Path:
     """`mitmdump` of the environment this interpreter runs in."""
     return Path(sys.executable).parent / "mitmdump"
+
+
+def proxy_command() -> list[str]:
+    """The program that runs a cell's proxy (this module, by this interpreter; `-P`: the
+    working directory, the private state folder, is not put on the import path)."""
+    return [sys.executable, "-P", "-m", "maka_eval.egress.proxy"]
 
 
 def _tail(path: Path) -> str:
@@ -76,6 +100,8 @@ class ProxyHandle:
     log_path: Path
     _process: subprocess.Popen[bytes] = field(repr=False)
     _token: str = field(repr=False)
+    _lifeline: int = field(default=-1, repr=False)
+    """The write end of the proxy's lifeline pipe (held only by this process)."""
 
     @property
     def url(self) -> str:
@@ -116,6 +142,11 @@ class ProxyHandle:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+        if self._lifeline >= 0:
+            os.close(self._lifeline)
+            self._lifeline = -1
+        # The proxy removes its confdir as it exits; not when it was killed.
+        shutil.rmtree(self.state_dir / "confdir", ignore_errors=True)
         return proc.returncode
 
     def __enter__(self) -> ProxyHandle:
@@ -172,14 +203,15 @@ def start_proxy(
     log_path = state_dir / "mitmdump.log"
     _private_file(policy_file, policy.to_json())
     _private_file(token_file, result_token)
+    lifeline_read, lifeline_write = os.pipe()  # both ends close-on-exec (not inherited)
     argv = [
-        str(mitmdump_path()),
+        *proxy_command(),
+        "--lifeline",
+        str(lifeline_read),
         "--listen-host",
         listen_host,
         "--listen-port",
         str(listen_port),
-        "-s",
-        str(ADDON_SCRIPT),
         "--set",
         f"confdir={confdir}",
         "--set",
@@ -194,11 +226,6 @@ def start_proxy(
         f"maka_result_token_file={token_file}",
         "--set",
         f"maka_ready_file={ready_file}",
-        # Quiet: one line per flow would fill the log; decisions are in the audit log.
-        "--set",
-        "flow_detail=0",
-        "--set",
-        "termlog_verbosity=warn",
     ]
     if audit_log_max_bytes is not None:
         argv += ["--set", f"maka_audit_log_max_bytes={audit_log_max_bytes}"]
@@ -217,33 +244,45 @@ def start_proxy(
     if upstream_trusted_ca is not None:
         argv += ["--set", f"ssl_verify_upstream_trusted_ca={Path(upstream_trusted_ca).resolve()}"]
 
-    log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     try:
-        process = subprocess.Popen(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=log_fd,
-            stderr=log_fd,
-            cwd=state_dir,
-            start_new_session=True,
-        )
+        log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            process = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log_fd,
+                stderr=log_fd,
+                cwd=state_dir,
+                # Its own process group, so a Ctrl-C meant for the executor does not
+                # stop it before the executor settles it; but not its own session: the
+                # scheduler's autogroups are per session, and in a group of its own the
+                # proxy waited longer for a CPU on a loaded machine (bench/README.md).
+                process_group=0,
+                pass_fds=(lifeline_read,),
+            )
+        finally:
+            os.close(log_fd)
+    except BaseException:
+        os.close(lifeline_write)
+        raise
     finally:
-        os.close(log_fd)
+        os.close(lifeline_read)  # the proxy's end; this process keeps only the write end
+
+    def failed(message: str) -> ProxyStartError:
+        if process.poll() is None:
+            process.kill()
+        process.wait()
+        os.close(lifeline_write)
+        shutil.rmtree(confdir, ignore_errors=True)
+        return ProxyStartError(f"{message}:\n{_tail(log_path)}")
 
     deadline = time.monotonic() + start_timeout
     ready: dict[str, object] | None = None
     while ready is None:
         if process.poll() is not None:
-            raise ProxyStartError(
-                f"mitmdump exited with status {process.returncode} before listening:\n"
-                f"{_tail(log_path)}"
-            )
+            raise failed(f"the proxy exited with status {process.returncode} before listening")
         if time.monotonic() >= deadline:
-            process.kill()
-            process.wait()
-            raise ProxyStartError(
-                f"mitmdump did not listen within {start_timeout:g}s:\n{_tail(log_path)}"
-            )
+            raise failed(f"the proxy did not listen within {start_timeout:g}s")
         try:
             loaded = strict_json.loads(ready_file.read_bytes())
             ready = loaded if isinstance(loaded, dict) else None
@@ -251,9 +290,7 @@ def start_proxy(
             time.sleep(0.01)
     host, port = ready.get("host"), ready.get("port")
     if not isinstance(host, str) or not isinstance(port, int):
-        process.kill()
-        process.wait()
-        raise ProxyStartError(f"the proxy wrote an unreadable {ready_file}")
+        raise failed(f"the proxy wrote an unreadable {ready_file}")
     if host in ("", "0.0.0.0", "::"):
         host = "127.0.0.1" if listen_host in ("", "0.0.0.0") else listen_host
     return ProxyHandle(
@@ -267,4 +304,129 @@ def start_proxy(
         log_path=log_path,
         _process=process,
         _token=result_token,
+        _lifeline=lifeline_write,
     )
+
+
+# -- the proxy process ------------------------------------------------------------------------
+def builtin_addons() -> list[Any]:
+    """mitmproxy's own addons that a forward proxy with these egress addons needs: option
+    checks (core), refusing clients from public addresses (block), refusing h2c upgrades
+    (disable_h2c: a connection that switched protocols could not be checked), the
+    servers, the layer choice (next_layer), TLS interception (tlsconfig), credentials
+    for an upstream proxy (upstream_auth), stopping on start-up errors (errorcheck)."""
+    from mitmproxy.addons import (
+        block,
+        core,
+        disable_h2c,
+        errorcheck,
+        next_layer,
+        proxyserver,
+        tlsconfig,
+        upstream_auth,
+    )
+
+    return [
+        core.Core(),
+        block.Block(),
+        disable_h2c.DisableH2C(),
+        proxyserver.Proxyserver(),  # type: ignore[no-untyped-call]
+        next_layer.NextLayer(),
+        tlsconfig.TlsConfig(),
+        upstream_auth.UpstreamAuth(),
+        errorcheck.ErrorCheck(),
+    ]
+
+
+BUILTIN_ADDONS = (
+    "core",
+    "block",
+    "disableh2c",
+    "proxyserver",
+    "nextlayer",
+    "tlsconfig",
+    "upstreamauth",
+    "errorcheck",
+)
+"""What `builtin_addons` loads, by mitmproxy's addon names (tests check the list)."""
+
+
+def _watch_lifeline(fd: int, on_close: Any) -> None:
+    """Call `on_close` once the pipe's write end is closed everywhere (EOF)."""
+    loop = asyncio.get_running_loop()
+    os.set_blocking(fd, False)
+
+    def readable() -> None:
+        try:
+            data = os.read(fd, 64)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            loop.remove_reader(fd)
+            on_close()
+
+    loop.add_reader(fd, readable)
+
+
+async def _serve(args: argparse.Namespace) -> int:
+    from mitmproxy import exceptions, master, options
+
+    from maka_eval.egress.addon import make_addons
+
+    opts = options.Options()
+    proxy = master.Master(opts, with_termlog=True)
+    builtin = builtin_addons()
+    # As in mitmdump, the egress addons come after the servers and before the layer
+    # choice: Guard.next_layer sees (and replaces) a raw tunnel before it is relayed.
+    proxy.addons.add(*builtin[:4], *make_addons(), *builtin[4:])  # type: ignore[no-untyped-call]
+    try:
+        opts.update(  # type: ignore[no-untyped-call]
+            listen_host=args.listen_host,
+            listen_port=args.listen_port,
+            mode=args.mode or ["regular"],
+            # Decisions are in the audit log; the proxy's own log is for trouble.
+            termlog_verbosity="warn",
+        )
+        opts.set(*args.set)
+    except exceptions.OptionsError as exc:
+        print(f"maka-eval proxy: {exc}", file=sys.stderr)
+        return 1
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, proxy.shutdown)
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    if args.lifeline is not None:
+        _watch_lifeline(args.lifeline, proxy.shutdown)
+    try:
+        await proxy.run()
+    finally:
+        # Only a confdir it was given: mitmproxy's default (~/.mitmproxy) is the user's.
+        if any(item.startswith("confdir=") for item in args.set):
+            shutil.rmtree(os.path.expanduser(opts.confdir), ignore_errors=True)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m maka_eval.egress.proxy`: run one egress proxy (mitmdump's option names)."""
+    parser = argparse.ArgumentParser(
+        prog="python -m maka_eval.egress.proxy", description="One cell's egress proxy."
+    )
+    parser.add_argument("--listen-host", default="127.0.0.1")
+    parser.add_argument("--listen-port", type=int, default=8080)
+    parser.add_argument("--mode", action="append", default=[], help="e.g. upstream:URL")
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="OPTION=VALUE", help="a mitmproxy option"
+    )
+    parser.add_argument(
+        "--lifeline",
+        type=int,
+        help="a pipe's read end: the proxy shuts down when its write end closes",
+    )
+    args = parser.parse_args(argv)
+    return asyncio.run(_serve(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -7,7 +7,9 @@ Always) of every attempt Pod whose experiment sets `executor.config.egress.mode:
         --upstream http://maka-eval-egress-gateway.maka-eval-system.svc:3128 \\
         --credential-file /var/run/maka-eval/egress-secret/upstream-auth \\
         --policy-file /var/run/maka-eval/egress-secret/policy.json \\
-        --state-dir /var/run/maka-eval/egress --publish-dir /maka/egress-ca
+        --state-dir /var/run/maka-eval/egress --publish-dir /maka/egress-ca \\
+        --checkpoint /maka/egress-meter/provider-usage.json \\
+        --result-token-file /var/run/maka-eval/egress-secret/result-token
 
 It replaces itself with `mitmdump` (so the container's SIGTERM reaches mitmproxy, which
 settles its figures) running the same addons as the local per-cell proxy
@@ -18,6 +20,11 @@ a command line). The CA key and the audit log stay in the state folder, an empty
 only this container mounts; only the CA certificate reaches the publish folder, which
 the subject mounts read-only. A restarted sidecar reuses the CA it made, so what the
 subject already trusts stays valid.
+
+With `--checkpoint`, the proxy writes the signed provider-usage checkpoint there (a
+folder the subject's container mounts read-only), keyed by the attempt's result token
+(`--result-token-file`, from the attempt's Secret). The relay settles it over HTTP
+(metering.settle) once the subject has ended and records the metered usage and cost.
 
 `--probe` is the startup probe: exit 0 once the proxy accepts connections and the CA
 certificate is published -- the subject starts only then.
@@ -64,6 +71,16 @@ def mitmdump_argv(args: argparse.Namespace) -> list[str]:
         f"maka_cert_publish_dir={args.publish_dir}",
         "--set",
         f"maka_upstream_auth_file={args.credential_file}",
+        *(
+            [
+                "--set",
+                f"maka_checkpoint={args.checkpoint}",
+                "--set",
+                f"maka_result_token_file={args.result_token_file}",
+            ]
+            if args.checkpoint
+            else []
+        ),
         "--set",
         "flow_detail=0",
         "--set",
@@ -97,6 +114,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--policy-file", type=Path, help="the EgressPolicy JSON")
     p.add_argument("--state-dir", type=Path, help="private folder: CA key, audit log")
     p.add_argument("--publish-dir", type=Path, required=True, help="gets the CA certificate")
+    p.add_argument("--checkpoint", type=Path, help="the provider-usage checkpoint to write")
+    p.add_argument("--result-token-file", type=Path, help="the checkpoint's HMAC key")
     p.add_argument("--probe", action="store_true", help="exit 0 once ready (startup probe)")
     return p
 
@@ -123,7 +142,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if missing:
         print(f"egress sidecar: {', '.join(missing)} required", file=sys.stderr)
         return 2
-    for path in (args.credential_file, args.policy_file):
+    if bool(args.checkpoint) != bool(args.result_token_file):
+        print("egress sidecar: --checkpoint and --result-token-file go together", file=sys.stderr)
+        return 2
+    secrets = (args.credential_file, args.policy_file, args.result_token_file)
+    for path in (p for p in secrets if p):
         if not Path(path).is_file():
             print(f"egress sidecar: {path} does not exist", file=sys.stderr)
             return 2

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from enum import StrEnum
 from typing import Protocol, TypeVar
 
-from maka_eval.engine.status import AttemptStatus
+from maka_eval.engine.status import RESULT_STATUSES, AttemptStatus
 
 
 class AttemptLike(Protocol):
@@ -22,10 +22,18 @@ class AttemptLike(Protocol):
 A = TypeVar("A", bound=AttemptLike)
 
 
+_RESULTS = tuple(RESULT_STATUSES)
+"""Tested with `in` on a tuple, which compares by identity first: an enum member's hash
+is computed in Python, and a report tests 100,000 statuses."""
+
+
 def select_result(attempts: Sequence[A]) -> A | None:
     """The earliest valid attempt (completed or subject_failed), or None."""
-    valid = [a for a in attempts if a.status.is_result]
-    return min(valid, key=lambda a: a.number) if valid else None
+    selected = None
+    for attempt in attempts:
+        if attempt.status in _RESULTS and (selected is None or attempt.number < selected.number):
+            selected = attempt
+    return selected
 
 
 class CellState(StrEnum):
@@ -46,11 +54,13 @@ def infra_failures(statuses: Sequence[AttemptStatus]) -> int:
 
 def cell_state(statuses: Sequence[AttemptStatus], max_infra_retries: int) -> CellState:
     """A cell's state from its attempts' statuses (cancelled attempts do not count)."""
-    if any(s.is_result for s in statuses):
-        return CellState.DONE
-    if infra_failures(statuses) > max_infra_retries:
-        return CellState.EXHAUSTED
-    return CellState.PENDING
+    failures = 0
+    for status in statuses:
+        if status in _RESULTS:
+            return CellState.DONE
+        if status is AttemptStatus.INFRA_FAILED:
+            failures += 1
+    return CellState.EXHAUSTED if failures > max_infra_retries else CellState.PENDING
 
 
 def needs_retry(statuses: Sequence[AttemptStatus], max_infra_retries: int) -> bool:

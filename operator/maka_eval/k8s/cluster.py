@@ -74,7 +74,14 @@ class Cluster:
     def __init__(self, api_client: k8s_client.ApiClient) -> None:
         self.api = api_client
         self.writes: Counter[str] = Counter()
+        self.errors: Counter[tuple[str, str]] = Counter()
+        """Error answers by (verb, HTTP status or "connection"), retried ones included."""
         self._lock = threading.Lock()
+
+    def counts(self) -> tuple[dict[str, int], dict[tuple[str, str], int]]:
+        """Copies of `writes` and `errors` (the metrics endpoint reads them)."""
+        with self._lock:
+            return dict(self.writes), dict(self.errors)
 
     def _call(
         self,
@@ -121,6 +128,8 @@ class Cluster:
                 status = 0
                 text = ""
                 headers_in = {}
+            with self._lock:
+                self.errors[(method, str(status) if status else "connection")] += 1
             if status == 429 or status >= 500:
                 retry_after = str(headers_in.get("Retry-After") or "")
                 wait = float(retry_after) if retry_after.isdigit() else delay

@@ -41,7 +41,16 @@ from maka_eval.engine.status import AttemptStatus, Trigger
 from maka_eval.errors import MakaEvalError, Problem
 from maka_eval.k8s import names
 from maka_eval.k8s.cluster import AlreadyExists, Cluster, Rejected
-from maka_eval.k8s.egress import GatewayAccess, GatewaySettings, gateway_access
+from maka_eval.k8s.egress import (
+    SIDECAR_STARTUP_DEADLINE_SEC,
+    GatewayAccess,
+    GatewaySettings,
+    gateway_access,
+    sidecar_not_started_reason,
+    sidecar_waiting_since,
+)
+from maka_eval.k8s.events import EventReason, EventRecorder, EventType, Involved
+from maka_eval.k8s.metrics import OperatorMetrics
 from maka_eval.k8s.render import (
     ExperimentRef,
     attempt_object,
@@ -50,8 +59,17 @@ from maka_eval.k8s.render import (
     credential_sources,
     egress_policy,
 )
-from maka_eval.k8s.resources import CellPhase, ExperimentPhase
+from maka_eval.k8s.resources import (
+    CellPhase,
+    ConditionWish,
+    ExperimentPhase,
+    KStatus,
+    Reason,
+    kstatus,
+    merge_conditions,
+)
 from maka_eval.k8s.results import (
+    EndCause,
     image_pull_failed,
     image_pull_waiting_since,
     infra_failure,
@@ -144,9 +162,17 @@ class Controller:
         parallelism: int = 16,
         clock: Callable[[], datetime] = _now,
         egress: GatewaySettings | None = None,
+        relay_digest: str | None = None,
+        metrics: OperatorMetrics | None = None,
+        events: EventRecorder | None = None,
     ) -> None:
         self.cluster = cluster
+        self.metrics = metrics or OperatorMetrics()
+        self.events = events or EventRecorder(cluster, self.metrics)
+        """Events are sent at once unless the recorder was started (the operator's is)."""
         self.egress = egress or GatewaySettings.make()
+        self.relay_digest = relay_digest
+        """The operator's pinned relay bundle digest (--relay-bundle-digest), or None."""
         self._gateway: GatewayAccess | None = None
         """The egress gateway's route and key, read when an experiment that uses the
         proxy passes its prerequisites."""
@@ -163,6 +189,7 @@ class Controller:
         view = self.store.snapshot(key)
         if view is None:
             self._settled.pop(key, None)
+            self.metrics.forget(key)
             return None
         body = view.body
         assert body is not None
@@ -189,10 +216,12 @@ class Controller:
                 ExperimentPhase.FAILED,
                 {},
                 conditions=[
+                    *kstatus(KStatus.STALLED, Reason.INVALID_SPEC, message),
                     ("Validated", False, "InvalidSpec", message),
                     ("Failed", True, "InvalidSpec", "the spec is not valid; no cell was created"),
                 ],
             )
+            self.metrics.experiment_state(key, ExperimentPhase.FAILED, {})
             return None
         experiment = parsed
 
@@ -206,10 +235,17 @@ class Controller:
                     ExperimentPhase.PENDING,
                     {},
                     conditions=[
+                        *kstatus(
+                            KStatus.RECONCILING,
+                            Reason.PREREQUISITES_MISSING,
+                            f"{problems_text(missing)} (looked for again every "
+                            f"{PREREQUISITE_RECHECK_SEC:g}s)",
+                        ),
                         ("Validated", True, "Valid", "the spec is valid"),
                         ("PrerequisitesMet", False, "Missing", problems_text(missing)),
                     ],
                 )
+                self.metrics.experiment_state(key, ExperimentPhase.PENDING, {})
                 return PREREQUISITE_RECHECK_SEC
             self._prerequisites_ok.add(spec_key)
 
@@ -220,8 +256,10 @@ class Controller:
         decision, finished, _running, budget = self._decide(view, experiment, expansion, key)
         self._launch(view, ref, experiment, decision, finished)
         self._lift_gates(view)
-        self._write_cell_statuses(view, expansion, experiment, finished)
-        self._write_summary(view, ref, generation, experiment, expansion, decision, budget)
+        self._write_cell_statuses(
+            view, expansion, experiment, finished, budget_held=budget.exhausted
+        )
+        self._write_summary(view, ref, generation, experiment, expansion, decision, budget, key)
         return wake
 
     # -- prerequisites -------------------------------------------------------------------
@@ -318,36 +356,48 @@ class Controller:
         assert isinstance(config, KubernetesExecutorConfig)
         now = self.clock()
         wake: float | None = None
-        ended: list[tuple[dict[str, Any], ResultKernel, datetime | None, datetime, bool]] = []
+        ended: list[tuple[dict[str, Any], ResultKernel, datetime | None, datetime, str]] = []
+        stuck: set[str] = set()  # attempts whose Pod would never end on its own: deleted
         for name, attempt in view.attempts.items():
             if (attempt.get("status") or {}).get("result"):
                 continue
             pod = view.pods.get(name)
             if pod is None:
                 if _launched(attempt):
-                    ended.append((attempt, pod_gone(), None, now, False))
+                    ended.append((attempt, pod_gone(), None, now, EndCause.POD_GONE))
                 continue
             end = pod_end(pod, now)
             if end is not None:
-                ended.append((attempt, end.kernel, end.started_at, end.finished_at, False))
+                ended.append((attempt, end.kernel, end.started_at, end.finished_at, end.cause))
                 continue
             waiting = image_pull_waiting_since(pod)
             if waiting is not None:
                 waited = (now - waiting).total_seconds()
                 if waited >= config.image_pull_deadline_sec:
-                    ended.append((attempt, image_pull_failed(waited), None, now, True))
+                    failure = image_pull_failed(waited)
+                    ended.append((attempt, failure, None, now, EndCause.IMAGE_PULL))
                 else:
                     due = config.image_pull_deadline_sec - waited
                     wake = due if wake is None else min(wake, due)
+            starting = sidecar_waiting_since(pod)
+            if starting is not None:
+                waited = (now - starting).total_seconds()
+                if waited >= SIDECAR_STARTUP_DEADLINE_SEC:
+                    failure = infra_failure(sidecar_not_started_reason(waited), waited)
+                    stuck.add(name)
+                    ended.append((attempt, failure, None, now, EndCause.INIT_CONTAINER))
+                else:
+                    due = SIDECAR_STARTUP_DEADLINE_SEC - waited
+                    wake = due if wake is None else min(wake, due)
 
         def write(
-            item: tuple[dict[str, Any], ResultKernel, datetime | None, datetime, bool],
+            item: tuple[dict[str, Any], ResultKernel, datetime | None, datetime, str],
         ) -> None:
-            attempt, kernel, started, finished, delete_pod = item
-            if delete_pod:
+            attempt, kernel, started, finished, cause = item
+            if cause == EndCause.IMAGE_PULL or attempt["metadata"]["name"] in stuck:
                 meta = attempt["metadata"]
                 self.cluster.delete("Pod", meta["namespace"], meta["name"])
-            self._record(view, attempt, kernel, started, finished)
+            self._record(view, attempt, kernel, started, finished, cause)
 
         list(self.pool.map(write, ended))
         return wake
@@ -359,15 +409,27 @@ class Controller:
         kernel: ResultKernel,
         started: datetime | None,
         finished: datetime,
+        cause: str,
     ) -> None:
-        """Write an attempt's result into its status, once."""
+        """Write an attempt's result into its status, once, with its conditions; then
+        count it and record its Event. `cause`: an EndCause or the kernel's source."""
         name = attempt["metadata"]["name"]
         namespace = attempt["metadata"]["namespace"]
+        generation = int(attempt["metadata"].get("generation") or 1)
+        true, reason, event_type, message = _attempt_end(kernel)
+        conditions, _ = merge_conditions(
+            (attempt.get("status") or {}).get("conditions"),
+            kstatus(true, reason, message),
+            generation,
+            _stamp(self.clock()),
+        )
         status: dict[str, Any] = {
+            "observedGeneration": generation,
             "phase": "Finished",
             "podName": name,
             "finishedAt": _stamp(finished),
             "result": _without_none(kernel.to_dict()),
+            "conditions": conditions,
         }
         if started is not None:
             status["startedAt"] = _stamp(started)
@@ -384,6 +446,11 @@ class Controller:
             if fresh is None:
                 return
             updated = fresh
+        else:
+            self.metrics.attempt_ended(kernel.status.value, cause or kernel.status_source.value)
+            self.events.record(
+                Involved.of("Attempt", attempt), event_type, EventReason(reason.value), message
+            )
         updated.setdefault("kind", "Attempt")
         self.store.put("Attempt", updated)
         view.attempts[name] = updated
@@ -484,6 +551,8 @@ class Controller:
                 if existing is None:
                     return
                 attempt = existing
+            else:
+                self._started(cell_obj, number, trigger, request, finished.get(cell.id, ()))
             attempt.setdefault("kind", "Attempt")
             self.store.put("Attempt", attempt)
             view.attempts[attempt["metadata"]["name"]] = attempt
@@ -492,6 +561,36 @@ class Controller:
             self._create_pod(view, ref, experiment, cell, attempt, gated=gated)
 
         list(self.pool.map(start, work))
+
+    def _started(
+        self,
+        cell: Mapping[str, Any],
+        number: int,
+        trigger: Trigger,
+        request: str | None,
+        before: Sequence[FinishedAttempt],
+    ) -> None:
+        """Count a new attempt; a retry or a rerun is an Event of its Cell."""
+        self.metrics.attempt_started(trigger.value)
+        involved = Involved.of("Cell", cell)
+        if trigger is Trigger.RETRY:
+            last = before[-1] if before else None
+            why = (
+                f"attempt {last.number} ended {last.status.value}"
+                + (f": {last.kernel.reason}" if last.kernel.reason else "")
+                if last is not None
+                else "the last attempt ended without a result"
+            )
+            self.events.record(
+                involved, EventType.WARNING, EventReason.RETRIED, f"attempt {number} started; {why}"
+            )
+        elif trigger is Trigger.MANUAL:
+            self.events.record(
+                involved,
+                EventType.NORMAL,
+                EventReason.RERUN,
+                f"attempt {number} started for the rerun request '{request}'",
+            )
 
     def _create_pod(
         self,
@@ -506,7 +605,13 @@ class Controller:
         """Create an attempt's NetworkPolicy, egress Secret (with the proxy) and Pod, then
         record the launch."""
         objects = attempt_objects(
-            ref, experiment, cell, attempt, gated=gated, gateway=self._gateway
+            ref,
+            experiment,
+            cell,
+            attempt,
+            gated=gated,
+            gateway=self._gateway,
+            relay_digest=self.relay_digest,
         )
         for kind, obj in objects:
             try:
@@ -515,7 +620,7 @@ class Controller:
                 # Refused for good (a quota, an admission policy): the attempt fails
                 # as infrastructure, with the server's words, and is retried.
                 failure = infra_failure(f"the API server refused the attempt's {kind}: {exc}")
-                self._record(view, attempt, failure, None, self.clock())
+                self._record(view, attempt, failure, None, self.clock(), EndCause.API_REFUSED)
                 return
             except AlreadyExists:
                 if kind != "Pod":
@@ -533,7 +638,24 @@ class Controller:
     def _mark_launched(self, view: ExperimentView, attempt: Mapping[str, Any]) -> None:
         """Record in Attempt status that its Pod exists (see the module docstring)."""
         meta = attempt["metadata"]
-        status = {"phase": "Running", "podName": meta["name"]}
+        spec = attempt.get("spec") or {}
+        generation = int(meta.get("generation") or 1)
+        message = (
+            f"Pod {meta['name']} created for cell {spec.get('cellId')} (attempt "
+            f"{spec.get('number')}, {spec.get('trigger')}); waiting for it to end"
+        )
+        conditions, _ = merge_conditions(
+            (attempt.get("status") or {}).get("conditions"),
+            kstatus(KStatus.RECONCILING, Reason.RUNNING, message),
+            generation,
+            _stamp(self.clock()),
+        )
+        status = {
+            "observedGeneration": generation,
+            "phase": "Running",
+            "podName": meta["name"],
+            "conditions": conditions,
+        }
         try:
             updated = self.cluster.patch(
                 "Attempt", meta["namespace"], meta["name"], {"status": status}, status=True
@@ -542,6 +664,9 @@ class Controller:
             if exc.status not in (409, 422):
                 raise
             return  # the result was written meanwhile: the launch no longer matters
+        self.events.record(
+            Involved.of("Attempt", attempt), EventType.NORMAL, EventReason.STARTED, message
+        )
         updated.setdefault("kind", "Attempt")
         held = self.store.record("Attempt", updated)
         view.attempts[meta["name"]] = held
@@ -620,10 +745,13 @@ class Controller:
         expansion: Expansion,
         experiment: Experiment,
         finished: Mapping[str, Sequence[FinishedAttempt]],
+        *,
+        budget_held: bool = False,
     ) -> None:
         del expansion
         retries = experiment.spec.execution.max_infra_retries
-        refreshed, _ = self._finished(view)
+        refreshed, running = self._finished(view)
+        now = _stamp(self.clock())
         patches = []
         for name, cell in view.cells.items():
             cell_id = cell["spec"]["cellId"]
@@ -651,16 +779,42 @@ class Controller:
                 desired["status"] = pick.status.value
                 if pick.kernel.score is not None:
                     desired["score"] = pick.kernel.score
+            generation = int(cell["metadata"].get("generation") or 1)
+            true, reason, message = _cell_health(
+                name,
+                attempts,
+                desired["selectedAttempt"] if selected is not None else None,
+                state,
+                retries,
+                held=budget_held and cell_id not in running,
+            )
+            desired["observedGeneration"] = generation
+            desired["conditions"], _ = merge_conditions(
+                current.get("conditions"), kstatus(true, reason, message), generation, now
+            )
             if all(current.get(k) == v for k, v in desired.items()):
                 continue
-            patches.append((name, cell["metadata"]["namespace"], desired))
+            patches.append((cell, desired, message))
 
-        def write(item: tuple[str, str, dict[str, Any]]) -> None:
-            name, namespace, desired = item
-            updated = self.cluster.patch("Cell", namespace, name, {"status": desired}, status=True)
+        def write(item: tuple[dict[str, Any], dict[str, Any], str]) -> None:
+            cell, desired, message = item
+            meta = cell["metadata"]
+            name = meta["name"]
+            before = (cell.get("status") or {}).get("phase")
+            updated = self.cluster.patch(
+                "Cell", meta["namespace"], name, {"status": desired}, status=True
+            )
             updated.setdefault("kind", "Cell")
             self.store.put("Cell", updated)
             view.cells[name] = updated
+            phase = desired["phase"]
+            involved = Involved.of("Cell", cell)
+            if phase != before and phase == CellPhase.DONE.value:
+                self.events.record(involved, EventType.NORMAL, EventReason.RESULT_SELECTED, message)
+            elif phase != before and phase == CellPhase.FAILED.value:
+                self.events.record(
+                    involved, EventType.WARNING, EventReason.RETRIES_EXHAUSTED, message
+                )
 
         list(self.pool.map(write, patches))
         del finished
@@ -674,10 +828,12 @@ class Controller:
         expansion: Expansion,
         decision: Decision,
         budget: BudgetState,
+        key: Key,
     ) -> None:
         finished, running = self._finished(view)
         retries = experiment.spec.execution.max_infra_retries
         done = failed = 0
+        cells_by_phase = dict.fromkeys(CellPhase, 0)
         per_subject: dict[str, dict[str, Any]] = {
             s.id: {"subjectId": s.id, "n": 0, "scores": [], "cost": None, "tokens": 0}
             for s in experiment.spec.subjects
@@ -693,12 +849,18 @@ class Controller:
             state = cell_state([a.status for a in attempts], retries)
             if state is CellState.DONE:
                 done += 1
+                cells_by_phase[CellPhase.DONE] += 1
                 selected = select_result(attempts)
                 if selected is not None and selected.kernel.score is not None:
                     summary["n"] += 1
                     summary["scores"].append(selected.kernel.score)
-            elif state is CellState.EXHAUSTED and cell.id not in running:
+            elif cell.id in running:
+                cells_by_phase[CellPhase.RUNNING] += 1
+            elif state is CellState.EXHAUSTED:
                 failed += 1
+                cells_by_phase[CellPhase.FAILED] += 1
+            else:
+                cells_by_phase[CellPhase.PENDING] += 1
         subjects = []
         for s in per_subject.values():
             scores = s["scores"]
@@ -725,6 +887,7 @@ class Controller:
         else:
             phase = ExperimentPhase.RUNNING
         conditions = [
+            *kstatus(*_experiment_health(idle, held, done, failed, total, len(running), budget)),
             ("Validated", True, "Valid", "the spec is valid"),
             ("PrerequisitesMet", True, "Found", "every declared credential's Secret exists"),
             (
@@ -769,6 +932,7 @@ class Controller:
             },
         }
         self._write_experiment_status(view, ref, generation, phase, counters, conditions=conditions)
+        self.metrics.experiment_state(key, phase, cells_by_phase)
 
     def _write_experiment_status(
         self,
@@ -778,31 +942,14 @@ class Controller:
         phase: ExperimentPhase,
         counters: Mapping[str, Any],
         *,
-        conditions: Sequence[tuple[str, bool, str, str]],
+        conditions: Sequence[ConditionWish],
     ) -> None:
         body = view.body
         assert body is not None
         current = body.get("status") or {}
-        old = {c.get("type"): c for c in current.get("conditions") or ()}
-        now = _stamp(self.clock())
-        new_conditions = []
-        transitions = []
-        for type_, truth, reason, message in conditions:
-            status = "True" if truth else "False"
-            before = old.get(type_) or {}
-            changed = before.get("status") != status
-            new_conditions.append(
-                {
-                    "type": type_,
-                    "status": status,
-                    "reason": reason,
-                    "message": message[:32768],
-                    "observedGeneration": generation,
-                    "lastTransitionTime": now if changed else before.get("lastTransitionTime", now),
-                }
-            )
-            if changed and (truth or before):
-                transitions.append((type_, status, reason, message))
+        new_conditions, transitions = merge_conditions(
+            current.get("conditions"), conditions, generation, _stamp(self.clock())
+        )
         desired = {
             "observedGeneration": generation,
             "phase": phase.value,
@@ -817,40 +964,166 @@ class Controller:
         updated.setdefault("kind", "Experiment")
         self.store.put("Experiment", updated)
         view.body = updated
-        for type_, status, reason, message in transitions:
-            self._event(
-                ref,
-                reason,
-                f"{type_}={status}: {message}",
-                warning=type_ == "Failed"
-                or (type_ in ("Validated", "PrerequisitesMet") and status == "False"),
-            )
+        involved = Involved("Experiment", ref.namespace, ref.name, ref.uid)
+        for type_, event_type, reason, message in _experiment_events(
+            current.get("phase"), phase, transitions, counters
+        ):
+            del type_
+            self.events.record(involved, event_type, reason, message)
 
-    def _event(self, ref: ExperimentRef, reason: str, message: str, *, warning: bool) -> None:
-        now = _stamp(self.clock())
-        body = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"generateName": f"{ref.name}.", "namespace": ref.namespace},
-            "involvedObject": {
-                "apiVersion": API_VERSION,
-                "kind": "Experiment",
-                "name": ref.name,
-                "namespace": ref.namespace,
-                "uid": ref.uid,
-            },
-            "reason": reason,
-            "message": message[:1024],
-            "type": "Warning" if warning else "Normal",
-            "source": {"component": "maka-eval-operator"},
-            "firstTimestamp": now,
-            "lastTimestamp": now,
-            "count": 1,
-        }
-        try:
-            self.cluster.create("Event", ref.namespace, body)
-        except (Rejected, AlreadyExists) as exc:  # an Event is informative only
-            log.info("could not record event %s: %s", reason, exc)
+
+def _attempt_end(kernel: ResultKernel) -> tuple[KStatus, Reason, EventType, str]:
+    """An ended attempt's kstatus condition, reason, Event type and message."""
+    status = kernel.status
+    text = status.value
+    if kernel.score is not None:
+        text += f", score {kernel.score:g}"
+    text += f", in {kernel.duration_sec:.1f}s"
+    if kernel.reason:
+        text += f": {kernel.reason}"
+    if status is AttemptStatus.COMPLETED:
+        return KStatus.READY, Reason.COMPLETED, EventType.NORMAL, text
+    if status is AttemptStatus.SUBJECT_FAILED:
+        return KStatus.READY, Reason.SUBJECT_FAILED, EventType.NORMAL, text
+    if status is AttemptStatus.CANCELLED:
+        return KStatus.STALLED, Reason.CANCELLED, EventType.WARNING, text
+    return (
+        KStatus.STALLED,
+        Reason.INFRA_FAILED,
+        EventType.WARNING,
+        text + " (no result: the cell gets a new attempt while its retries last)",
+    )
+
+
+def _cell_health(
+    name: str,
+    attempts: Sequence[FinishedAttempt],
+    selected: int | None,
+    state: CellState,
+    retries: int,
+    *,
+    held: bool,
+) -> tuple[KStatus, Reason, str]:
+    """A cell's kstatus condition, reason and message, from its ended attempts. The
+    message depends only on them (and the budget hold), so it never costs a write."""
+    if selected is not None:
+        pick = next(a for a in attempts if a.number == selected)
+        text = f"attempt {pick.number} is the cell's result: {pick.status.value}"
+        if pick.kernel.score is not None:
+            text += f", score {pick.kernel.score:g}"
+        return KStatus.READY, Reason.RESULT_SELECTED, text
+    last = attempts[-1]
+    why = f"attempt {last.number} ended {last.status.value}" + (
+        f" ({last.kernel.reason})" if last.kernel.reason else ""
+    )
+    if state is CellState.EXHAUSTED:
+        return (
+            KStatus.STALLED,
+            Reason.RETRIES_EXHAUSTED,
+            f"{why}; no result after {len(attempts)} attempt(s), the infrastructure "
+            f"retries ({retries}) are used up. After fixing the cause: kubectl annotate "
+            f"cell {name} {names.RERUN_ANNOTATION}=<token>",
+        )
+    if held:
+        return (
+            KStatus.STALLED,
+            Reason.BUDGET_EXHAUSTED,
+            f"{why}; the experiment's budget is reached, so no new attempt starts",
+        )
+    return (
+        KStatus.RECONCILING,
+        Reason.RETRYING,
+        f"{why}; a new attempt runs or will start (at most {retries} retries)",
+    )
+
+
+def _experiment_health(
+    idle: bool,
+    held: bool,
+    done: int,
+    failed: int,
+    total: int,
+    running: int,
+    budget: BudgetState,
+) -> tuple[KStatus, Reason, str]:
+    """An experiment's kstatus condition, reason and message (see docs/operations.md)."""
+    progress = f"{done} of {total} cells have a result"
+    if not idle:
+        text = f"{progress}, {running} attempt(s) running"
+        if budget.exhausted:
+            text += f"; the budget is reached ({budget.describe()}): no new task group starts"
+        return KStatus.RECONCILING, Reason.RUNNING, text
+    if held:
+        return (
+            KStatus.STALLED,
+            Reason.BUDGET_EXHAUSTED,
+            f"the budget is reached ({budget.describe()}): {progress}, the others do not "
+            "start; run a new experiment with a larger spec.budget for them",
+        )
+    if failed:
+        return (
+            KStatus.STALLED,
+            Reason.CELLS_FAILED,
+            f"{progress}; {failed} used up their infrastructure retries without a result "
+            f"(rerun one with the {names.RERUN_ANNOTATION} annotation)",
+        )
+    return KStatus.READY, Reason.COMPLETE, progress
+
+
+def _experiment_events(
+    before: str | None,
+    phase: ExperimentPhase,
+    transitions: Sequence[ConditionWish],
+    counters: Mapping[str, Any],
+) -> list[tuple[str, EventType, EventReason, str]]:
+    """The Events of an Experiment status write: its phase changes and the conditions
+    a user looks for (an invalid spec, a missing prerequisite, the budget hold)."""
+    events: list[tuple[str, EventType, EventReason, str]] = []
+    for type_, truth, _reason, message in transitions:
+        if type_ == "Validated" and not truth:
+            events.append((type_, EventType.WARNING, EventReason.INVALID_SPEC, message))
+        elif type_ == "PrerequisitesMet" and not truth:
+            events.append((type_, EventType.WARNING, EventReason.PREREQUISITES_MISSING, message))
+        elif type_ == "BudgetExhausted" and truth:
+            events.append(
+                (
+                    type_,
+                    EventType.WARNING,
+                    EventReason.BUDGET_EXHAUSTED,
+                    f"the budget is reached ({message}): no new task group starts",
+                )
+            )
+    if phase.value == before:
+        return events
+    total, done, failed = (
+        counters.get("cellsTotal", 0),
+        counters.get("cellsDone", 0),
+        counters.get("cellsFailed", 0),
+    )
+    progress = f"{done} of {total} cells have a result"
+    if phase is ExperimentPhase.RUNNING:
+        events.append(("phase", EventType.NORMAL, EventReason.STARTED, f"{total} cells"))
+    elif phase is ExperimentPhase.COMPLETE and failed:
+        events.append(
+            (
+                "phase",
+                EventType.WARNING,
+                EventReason.COMPLETED_WITH_FAILURES,
+                f"{progress}; {failed} used up their infrastructure retries",
+            )
+        )
+    elif phase is ExperimentPhase.COMPLETE:
+        events.append(("phase", EventType.NORMAL, EventReason.COMPLETED, progress))
+    elif phase is ExperimentPhase.BUDGET_EXHAUSTED:
+        events.append(
+            (
+                "phase",
+                EventType.WARNING,
+                EventReason.STOPPED_BY_BUDGET,
+                f"{progress}; the budget holds the others",
+            )
+        )
+    return events
 
 
 def monotonic() -> float:

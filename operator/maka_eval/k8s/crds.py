@@ -55,7 +55,13 @@ def _write_once(field: str) -> str:
 
 
 RULES: tuple[Rule, ...] = (
-    Rule("Experiment", "spec", "self == oldSelf", "Experiment spec is immutable"),
+    Rule(
+        "Experiment",
+        "spec",
+        "self == oldSelf",
+        "Experiment spec is immutable: to run a changed spec, create an Experiment with a "
+        "new metadata.name",
+    ),
     Rule("Cell", "spec", "self == oldSelf", "Cell spec is immutable"),
     Rule(
         "Cell",

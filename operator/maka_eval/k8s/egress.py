@@ -25,6 +25,7 @@ import os
 import socket
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -136,6 +137,11 @@ class GatewayAccess:
         identity = credential.attempt_identity(namespace, attempt_name)
         return credential.credential(self.key, identity)
 
+    def result_token(self, namespace: str, attempt_name: str, attempt_uid: str) -> str:
+        """The key of the attempt's provider-usage checkpoint (sidecar and relay)."""
+        identity = credential.attempt_identity(namespace, attempt_name)
+        return credential.result_token(self.key, identity, attempt_uid)
+
 
 Resolve = Callable[[str, int], str]
 
@@ -218,3 +224,52 @@ def gateway_access(
         pod_labels=dict(settings.pod_labels),
     )
     return GatewayAccess(route, key)
+
+
+# -- the sidecar's startup deadline ---------------------------------------------------------
+
+SIDECAR_CONTAINER = "egress-proxy"
+"""The native sidecar's name (k8s.render.EGRESS_CONTAINER)."""
+SIDECAR_STARTUP_DEADLINE_SEC = 180.0
+"""How long an attempt waits for its egress sidecar to pass its startup probe (the
+probe itself allows two minutes) before the attempt is an infrastructure failure: a
+sidecar that never starts would otherwise hold the Pod in Init for good, the kubelet
+restarting it again and again."""
+
+
+def _time(value: Any) -> datetime | None:
+    if not isinstance(value, str):
+        return None
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+def sidecar_waiting_since(pod: Mapping[str, Any]) -> datetime | None:
+    """Since when the Pod's egress sidecar has been trying to start and is not started
+    yet (None: no sidecar, started, or not its turn yet). A sidecar that restarted
+    counts from the Pod's start: its first try is over."""
+    status = pod.get("status") or {}
+    for container in status.get("initContainerStatuses") or ():
+        if container.get("name") != SIDECAR_CONTAINER or container.get("started"):
+            continue
+        state = container.get("state") or {}
+        pod_start = _time(status.get("startTime"))
+        if int(container.get("restartCount") or 0) > 0 or "terminated" in state:
+            return pod_start
+        if "running" in state:
+            return _time((state.get("running") or {}).get("startedAt")) or pod_start
+        waiting = (state.get("waiting") or {}).get("reason")
+        if waiting == "CrashLoopBackOff":
+            return pod_start
+    return None
+
+
+def sidecar_not_started_reason(waited_sec: float) -> str:
+    """The infrastructure failure's reason."""
+    return (
+        f"the attempt's egress proxy (the {SIDECAR_CONTAINER} sidecar) did not pass its "
+        f"startup probe within {waited_sec:g}s; see its log: kubectl logs <pod> -c "
+        f"{SIDECAR_CONTAINER}"
+    )

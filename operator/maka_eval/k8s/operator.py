@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import random
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -30,6 +31,8 @@ from maka_eval.k8s.cluster import Cluster
 from maka_eval.k8s.controller import Controller
 from maka_eval.k8s.crds import VERSION
 from maka_eval.k8s.egress import GatewaySettings
+from maka_eval.k8s.events import EventRecorder
+from maka_eval.k8s.metrics import OperatorMetrics
 from maka_eval.k8s.store import Key, Store
 from maka_eval.spec.experiment import API_GROUP
 
@@ -85,39 +88,13 @@ def connection_info() -> kopf.ConnectionInfo:
 
 
 @dataclass
-class Metrics:
-    """Prometheus metrics (prometheus-client), created only when a port is given."""
-
-    port: int | None
-    passes: Any = None
-    pass_seconds: Any = None
-    writes: Any = None
-    errors: Any = None
-
-    def start(self) -> None:
-        if self.port is None:
-            return
-        from prometheus_client import Counter, Histogram, start_http_server
-
-        self.passes = Counter("maka_eval_reconcile_passes_total", "Reconcile passes run")
-        self.errors = Counter("maka_eval_reconcile_errors_total", "Reconcile passes that failed")
-        self.pass_seconds = Histogram(
-            "maka_eval_reconcile_seconds", "Duration of one reconcile pass"
-        )
-        self.writes = Counter("maka_eval_api_writes_total", "API write requests by verb", ["verb"])
-        start_http_server(self.port)
-
-
-@dataclass
 class Worker:
     """Runs reconcile passes, one experiment at a time, coalescing bursts of events."""
 
     controller: Controller
-    metrics: Metrics
     pending: set[Key] = field(default_factory=set)
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     failures: dict[Key, int] = field(default_factory=dict)
-    _written: dict[str, int] = field(default_factory=dict)
 
     def enqueue(self, key: Key) -> None:
         self.pending.add(key)
@@ -141,19 +118,14 @@ class Worker:
                     self.failures[key] = count + 1
                     delay = ERROR_BACKOFF_SEC[min(count, len(ERROR_BACKOFF_SEC) - 1)]
                     log.exception("reconcile of %s/%s failed; again in %ss", *key, delay)
-                    if self.metrics.errors is not None:
-                        self.metrics.errors.inc()
+                    self.controller.metrics.pass_errors.inc()
                     self.enqueue_later(key, delay)
                     continue
                 self.failures.pop(key, None)
                 if due is not None:
                     self.enqueue_later(key, due)
-                if self.metrics.passes is not None:
-                    self.metrics.passes.inc()
-                    self.metrics.pass_seconds.observe(time.monotonic() - started)
-                    for verb, count in self.controller.cluster.writes.items():
-                        self.metrics.writes.labels(verb).inc(count - self._written.get(verb, 0))
-                        self._written[verb] = count
+                self.controller.metrics.passes.inc()
+                self.controller.metrics.pass_seconds.observe(time.monotonic() - started)
 
 
 def build_registry(
@@ -161,26 +133,23 @@ def build_registry(
     namespaces: Iterable[str] = (),
     metrics_port: int | None = None,
     egress: GatewaySettings | None = None,
+    relay_digest: str | None = None,
+    standby: bool = False,
 ) -> kopf.OperatorRegistry:
-    """The operator's handlers in a registry of their own (tests run it in-process too)."""
+    """The operator's handlers in a registry of their own (tests run it in-process too).
+
+    `standby`: one of several peered replicas. kopf delivers watch events only to the
+    active one, so such a replica LISTs and reconciles nothing at start-up: it does so on
+    its first event, when it has become the active one (a view LISTed hours earlier,
+    while it stood by, would be stale)."""
     registry = kopf.OperatorRegistry()
     store = Store()
     state: dict[str, Any] = {}
     watched = tuple(namespaces)
+    activation = asyncio.Lock()
 
-    def worker() -> Worker | None:
-        return state.get("worker")
-
-    @kopf.on.login(registry=registry)
-    def login(**_: Any) -> kopf.ConnectionInfo:
-        return connection_info()
-
-    @kopf.on.startup(registry=registry)
-    async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
-        settings.posting.enabled = False  # Events are the controller's, one per transition
-        settings.watching.server_timeout = 600
-        settings.networking.request_timeout = 90
-        cluster = Cluster(api_client())
+    async def seed(cluster: Cluster) -> None:
+        """LIST what the operator watches into the store (before any pass decides)."""
         selector = names.LABEL_EXPERIMENT
         for kind in ("Experiment", "Cell", "Attempt", "Pod"):
             label = (
@@ -192,22 +161,78 @@ def build_registry(
                 objects = await asyncio.to_thread(cluster.list, kind, namespace, label)
                 for obj in objects:
                     store.put(kind, obj)
-        metrics = Metrics(metrics_port)
-        metrics.start()
-        run = Worker(Controller(cluster, store, egress=egress), metrics)
+
+    def worker() -> Worker | None:
+        return state.get("worker")
+
+    @kopf.on.login(registry=registry)
+    def login(**_: Any) -> kopf.ConnectionInfo:
+        return connection_info()
+
+    @kopf.on.startup(registry=registry)
+    async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
+        settings.posting.enabled = False  # Events are the controller's (k8s/events.py)
+        settings.watching.server_timeout = 600
+        settings.networking.request_timeout = 90
+        cluster = Cluster(api_client())
+        state["cluster"] = cluster
+        if not standby:
+            await seed(cluster)
+        metrics = OperatorMetrics(cluster.counts)
+        events = EventRecorder(cluster, metrics)
+        events.start()
+        state["events"] = events
+        if metrics_port is not None:
+            # After the start-up LIST: /metrics answering is the Pod's readiness.
+            state["metrics_server"] = metrics.serve(metrics_port)
+        controller = Controller(
+            cluster,
+            store,
+            egress=egress,
+            relay_digest=relay_digest,
+            metrics=metrics,
+            events=events,
+        )
+        run = Worker(controller)
         state["worker"] = run
         state["task"] = asyncio.create_task(run.run())
+        if standby:
+            log.info("maka-eval operator started as a peer: it acts once it is the active one")
+            return
+        state["active"] = True
         for key in store.experiment_keys():
             run.enqueue(key)
         log.info("maka-eval operator started: %d experiment(s) known", len(store.experiment_keys()))
+
+    async def activate() -> None:
+        """A peer's first event: it is the active replica now; see `standby`."""
+        async with activation:
+            if state.get("active") or "worker" not in state:
+                return
+            await seed(state["cluster"])
+            state["active"] = True
+            for key in store.experiment_keys():
+                state["worker"].enqueue(key)
+            log.info(
+                "maka-eval operator active: %d experiment(s) known", len(store.experiment_keys())
+            )
 
     @kopf.on.cleanup(registry=registry)
     async def cleanup(**_: Any) -> None:
         task = state.get("task")
         if task is not None:
             task.cancel()
+        events = state.get("events")
+        if events is not None:
+            await asyncio.to_thread(events.stop)
+        server = state.get("metrics_server")
+        if server is not None:
+            await asyncio.to_thread(server.shutdown)
+            server.server_close()
 
-    def observe(kind: str, event: kopf.RawEvent) -> None:
+    async def observe(kind: str, event: kopf.RawEvent) -> None:
+        if not state.get("active"):
+            await activate()
         obj = event["object"]
         obj.setdefault("kind", kind)
         key = store.remove(kind, obj) if event.get("type") == "DELETED" else store.put(kind, obj)
@@ -217,7 +242,7 @@ def build_registry(
 
     @kopf.on.event(API_GROUP, VERSION, "experiments", registry=registry)
     async def experiment_event(event: kopf.RawEvent, **_: Any) -> None:
-        observe("Experiment", event)
+        await observe("Experiment", event)
 
     @kopf.on.event(
         API_GROUP,
@@ -227,7 +252,7 @@ def build_registry(
         registry=registry,
     )
     async def cell_event(event: kopf.RawEvent, **_: Any) -> None:
-        observe("Cell", event)
+        await observe("Cell", event)
 
     @kopf.on.event(
         API_GROUP,
@@ -237,11 +262,11 @@ def build_registry(
         registry=registry,
     )
     async def attempt_event(event: kopf.RawEvent, **_: Any) -> None:
-        observe("Attempt", event)
+        await observe("Attempt", event)
 
     @kopf.on.event("pods", labels={names.LABEL_MANAGED_BY: names.MANAGED_BY}, registry=registry)
     async def pod_event(event: kopf.RawEvent, **_: Any) -> None:
-        observe("Pod", event)
+        await observe("Pod", event)
 
     return registry
 
@@ -255,8 +280,10 @@ def run(
     kubeconfig: str | None = None,
     verbose: bool = False,
     egress: GatewaySettings | None = None,
+    relay_digest: str | None = None,
 ) -> None:
-    """`maka-eval operator`: run until interrupted."""
+    """`maka-eval operator`: run until interrupted; `relay_digest` pins the relay bundle
+    every attempt Pod must carry (k8s/relay_bundle.py)."""
     if kubeconfig:
         os.environ["KUBECONFIG"] = kubeconfig
     watched = tuple(namespaces)
@@ -267,11 +294,31 @@ def run(
     if not verbose:
         # kopf logs every handled watch event at INFO: one line per Pod change.
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
-    registry = build_registry(namespaces=watched, metrics_port=metrics_port, egress=egress)
+    registry = build_registry(
+        namespaces=watched,
+        metrics_port=metrics_port,
+        egress=egress,
+        relay_digest=relay_digest,
+        standby=peering is not None,
+    )
     kopf.run(
         registry=registry,
         standalone=peering is None,
         peering_name=peering,
+        priority=peering_priority() if peering else None,
         namespaces=list(watched),
         clusterwide=not watched,
     )
+
+
+def peering_priority(now: float | None = None, tiebreak: int | None = None) -> int:
+    """This replica's kopf peering priority: the earlier it started, the higher.
+
+    kopf pauses every replica that sees a live peer of the same or a higher priority, so
+    replicas with one shared priority would all stand still. Ordering by start time makes
+    the oldest replica the active one and a newcomer (a rolling update, a rescheduled Pod)
+    its standby; the random tiebreak separates replicas started in the same millisecond.
+    """
+    started_ms = int((time.time() if now is None else now) * 1000)
+    extra = random.randrange(1000) if tiebreak is None else tiebreak
+    return -(started_ms * 1000 + extra)

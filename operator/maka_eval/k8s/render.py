@@ -6,7 +6,8 @@ checks them as data (and the real API server accepts them, by server-side dry-ru
 The attempt Pod:
 - restartPolicy Never: an infrastructure failure becomes a new Attempt, not a restart;
 - init containers copy the relay bundle (relay image, /opt/maka-eval) and the experiment
-  folder (benchmark image, /benchmark) into emptyDirs, Tekton-style;
+  folder (benchmark image, /benchmark) into emptyDirs, Tekton-style; the relay bundle's
+  copy is checked against its manifest and any pinned digest first (k8s/relay_bundle.py);
 - the subject container runs the task image with the relay as its entrypoint; the relay
   reads the task's own settings inside the Pod (`AttemptPlan.task_dir`), runs the
   subject and the verifier, and writes the result kernel to the termination message;
@@ -26,7 +27,13 @@ With `executor.config.egress.mode: proxy` the Pod also gets
   address: the Pod needs no DNS;
 - the relay told (`AttemptPlan.egress`) to keep the subject in the Pod's network,
   with the proxy variables and the CA, after its gate has checked the subject holds
-  neither NET_RAW nor NET_ADMIN.
+  neither NET_RAW nor NET_ADMIN;
+- metering (`AttemptPlan.metering`): the sidecar writes the signed provider-usage
+  checkpoint into an emptyDir the subject's container mounts read-only, keyed by the
+  attempt's result token (in the attempt's Secret); the relay reads the token from a
+  volume holding that key alone (hidden from the subject by its sandbox), settles the
+  sidecar over HTTP once the subject has ended, and records the metered usage and cost
+  (priced with `spec.metering.prices`) in the result kernel.
 
 The NetworkPolicy selects the attempt's Pod and allows no ingress. Its egress: nothing
 at all, or with the proxy only the gateway's Pods on the gateway's port -- no DNS,
@@ -45,13 +52,14 @@ from maka_eval.egress.policy import EgressPolicy
 from maka_eval.engine.expand import Cell
 from maka_eval.engine.launch import SOLUTION_DIR_NAME, subject_launch
 from maka_eval.engine.status import Trigger
-from maka_eval.k8s import names
+from maka_eval.k8s import names, relay_bundle
 from maka_eval.k8s.crds import VERSION
 from maka_eval.k8s.egress import GatewayAccess, GatewayRoute
 from maka_eval.relay.environment import egress_environment
-from maka_eval.relay.plan import OWN_NETWORK, AttemptPlan, EgressPlan
+from maka_eval.relay.plan import OWN_NETWORK, AttemptPlan, EgressPlan, MeteringPlan
 from maka_eval.spec.egress import policy_of
 from maka_eval.spec.experiment import API_GROUP, Experiment, KubernetesExecutorConfig
+from maka_eval.spec.metering import prices_of
 from maka_eval.spec.subjects import ExternalSubject, MakaSubject
 
 API_VERSION = f"{API_GROUP}/{VERSION}"
@@ -79,6 +87,14 @@ EGRESS_STATE_DIR = "/var/run/maka-eval/egress"
 EGRESS_SECRET_DIR = "/var/run/maka-eval/egress-secret"
 EGRESS_CREDENTIAL_KEY = "upstream-auth"
 EGRESS_POLICY_KEY = "policy.json"
+EGRESS_RESULT_TOKEN_KEY = "result-token"
+EGRESS_METER_DIR = f"{MOUNT_ROOT}/egress-meter"
+"""The sidecar writes the provider-usage checkpoint here; the subject's container (the
+relay) mounts it read-only."""
+EGRESS_CHECKPOINT = f"{EGRESS_METER_DIR}/provider-usage.json"
+RESULT_TOKEN_DIR = "/var/run/maka-eval/result-token"
+"""The result token alone (the relay's; its sandbox hides the folder from the subject)."""
+RESULT_TOKEN_FILE = f"{RESULT_TOKEN_DIR}/token"
 EGRESS_SIDECAR_USER = 65532
 EGRESS_SIDECAR_RESOURCES = {
     "requests": {"cpu": "50m", "memory": "96Mi"},
@@ -188,7 +204,7 @@ def attempt_object(
 
 
 def _task_dir(experiment: Experiment, task_id: str) -> str:
-    benchmark = experiment.spec.benchmark.config.path.strip("/") or "."
+    benchmark = (experiment.spec.benchmark.config.path or ".").strip("/") or "."
     task = experiment.task(task_id)
     return f"{BENCHMARK_DIR}/{benchmark}/{task.directory_name}".replace("/./", "/")
 
@@ -246,6 +262,17 @@ def attempt_plan(
         if policy is not None
         else None
     )
+    prices = prices_of(spec.metering)
+    metering = (
+        MeteringPlan(
+            checkpoint=EGRESS_CHECKPOINT,
+            prices=prices.to_dict() if prices is not None else {},
+            token_file=RESULT_TOKEN_FILE,
+            settle_proxy=f"http://127.0.0.1:{EGRESS_PROXY_PORT}",
+        )
+        if policy is not None
+        else None
+    )
     return AttemptPlan(
         attempt_id=attempt_uid_id,
         run_id=experiment.id,
@@ -265,12 +292,13 @@ def attempt_plan(
         redact=tuple(dict.fromkeys(c for s in spec.subjects for c in s.credentials)),
         output_limit_bytes=spec.execution.max_output_bytes,
         isolation="auto",
-        hidden=(BENCHMARK_DIR,),
+        hidden=(BENCHMARK_DIR, RESULT_TOKEN_DIR) if policy is not None else (BENCHMARK_DIR,),
         visible=(launch.argv[0].rsplit("/", 1)[0],)
         if launch.argv[0].startswith(BENCHMARK_DIR)
         else (),
         task_dir=task_dir,
         egress=egress,
+        metering=metering,
     )
 
 
@@ -321,9 +349,11 @@ def pod_object(
     *,
     gated: bool,
     gateway: GatewayRoute | None = None,
+    relay_digest: str | None = None,
 ) -> dict[str, Any]:
     """The Pod of one Attempt (`attempt` is the Attempt object as created); `gateway`
-    is required when the experiment's egress goes through the proxy."""
+    is required when the experiment's egress goes through the proxy; `relay_digest` is
+    the operator's pinned relay bundle digest (k8s/relay_bundle.py)."""
     config = executor_config(experiment)
     meta = attempt["metadata"]
     plan = attempt_plan(experiment, cell, attempt["spec"]["attemptId"], config)
@@ -338,13 +368,14 @@ def pod_object(
         {"name": "artifacts", "emptyDir": {}},
     ]
     init = [
-        {
-            "name": "relay-bundle",
-            "image": config.relay_image,
-            "command": ["cp", "-a", f"{RELAY_BUNDLE_IN_IMAGE}/.", f"{RELAY_DIR}/"],
-            "volumeMounts": [{"name": "relay", "mountPath": RELAY_DIR}],
-            "securityContext": _security_context(),
-        },
+        # Copies the bundle and checks the copy against its manifest and the pins.
+        relay_bundle.init_container(
+            config.relay_image,
+            RELAY_BUNDLE_IN_IMAGE,
+            RELAY_DIR,
+            relay_bundle.pins(relay_digest, config.relay_bundle_digest),
+            _security_context(),
+        ),
         {
             "name": "benchmark",
             "image": config.benchmark_image,
@@ -364,7 +395,11 @@ def pod_object(
     if gateway is not None and proxied:
         volumes += _egress_volumes(meta["name"])
         init.append(_egress_sidecar(config.egress_image, gateway))
-        subject_mounts.append({"name": "egress-ca", "mountPath": EGRESS_CA_DIR, "readOnly": True})
+        subject_mounts += [
+            {"name": "egress-ca", "mountPath": EGRESS_CA_DIR, "readOnly": True},
+            {"name": "egress-meter", "mountPath": EGRESS_METER_DIR, "readOnly": True},
+            {"name": "result-token", "mountPath": RESULT_TOKEN_DIR, "readOnly": True},
+        ]
         proxy_url = f"http://{EGRESS_PROXY_NAME}:{EGRESS_PROXY_PORT}"
         # The relay gives the subject the same variables (plan.egress); here they serve
         # whatever else runs in the container (kubectl exec).
@@ -438,6 +473,17 @@ def _egress_volumes(attempt_name: str) -> list[dict[str, Any]]:
         {"name": "egress-ca", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}},
         # The sidecar's alone: CA key, audit log.
         {"name": "egress-state", "emptyDir": {}},
+        # The checkpoint: written by the sidecar, read-only to the subject's container.
+        {"name": "egress-meter", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}},
+        {
+            # The result token alone (never the gateway credential), for the relay.
+            "name": "result-token",
+            "secret": {
+                "secretName": names.egress_secret_name(attempt_name),
+                "items": [{"key": EGRESS_RESULT_TOKEN_KEY, "path": "token"}],
+                "defaultMode": 0o444,
+            },
+        },
         {
             "name": "egress-secret",
             "secret": {
@@ -469,6 +515,10 @@ def _egress_sidecar(image: str, gateway: GatewayRoute) -> dict[str, Any]:
             f"{EGRESS_SECRET_DIR}/{EGRESS_POLICY_KEY}",
             "--state-dir",
             EGRESS_STATE_DIR,
+            "--checkpoint",
+            EGRESS_CHECKPOINT,
+            "--result-token-file",
+            f"{EGRESS_SECRET_DIR}/{EGRESS_RESULT_TOKEN_KEY}",
         ],
         "env": [
             {"name": "HOME", "value": EGRESS_STATE_DIR},
@@ -493,6 +543,7 @@ def _egress_sidecar(image: str, gateway: GatewayRoute) -> dict[str, Any]:
             {"name": "egress-secret", "mountPath": EGRESS_SECRET_DIR, "readOnly": True},
             {"name": "egress-state", "mountPath": EGRESS_STATE_DIR},
             {"name": "egress-ca", "mountPath": EGRESS_CA_DIR},
+            {"name": "egress-meter", "mountPath": EGRESS_METER_DIR},
         ],
     }
 
@@ -504,7 +555,8 @@ def egress_secret_object(
     policy: EgressPolicy,
 ) -> dict[str, Any]:
     """The attempt's egress Secret: its gateway credential and the policy, for the
-    sidecar alone. Owned by the Attempt, so it is deleted with it."""
+    sidecar alone, and the result token (sidecar and relay). Owned by the Attempt, so it
+    is deleted with it."""
     meta = attempt["metadata"]
     return {
         "apiVersion": "v1",
@@ -520,6 +572,7 @@ def egress_secret_object(
         "stringData": {
             EGRESS_CREDENTIAL_KEY: access.credential(ref.namespace, meta["name"]),
             EGRESS_POLICY_KEY: policy.to_json(),
+            EGRESS_RESULT_TOKEN_KEY: access.result_token(ref.namespace, meta["name"], meta["uid"]),
         },
     }
 
@@ -532,6 +585,7 @@ def attempt_objects(
     *,
     gated: bool,
     gateway: GatewayAccess | None = None,
+    relay_digest: str | None = None,
 ) -> list[tuple[str, dict[str, Any]]]:
     """(kind, object) of what an Attempt runs with, in creation order: its
     NetworkPolicy, its egress Secret (with the proxy), its Pod."""
@@ -542,7 +596,10 @@ def attempt_objects(
         if gateway is None:
             raise ValueError("an attempt whose egress goes through the proxy needs the gateway")
         objects.append(("Secret", egress_secret_object(ref, attempt, gateway, policy)))
-    objects.append(("Pod", pod_object(ref, experiment, cell, attempt, gated=gated, gateway=route)))
+    pod = pod_object(
+        ref, experiment, cell, attempt, gated=gated, gateway=route, relay_digest=relay_digest
+    )
+    objects.append(("Pod", pod))
     return objects
 
 

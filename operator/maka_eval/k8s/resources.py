@@ -11,9 +11,10 @@ it accepts exactly the kernel's wire form.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from enum import StrEnum
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
@@ -107,6 +108,88 @@ class Condition(ResourceModel):
 
 def _conditions() -> list[Condition]:
     return []
+
+
+class KStatus(StrEnum):
+    """The three condition types of kstatus (sigs.k8s.io/cli-utils/pkg/kstatus), set on
+    every Experiment, Cell and Attempt status so Flux, Argo CD and `kubectl wait` read
+    health without custom code. Exactly one of them is True (docs/operations.md)."""
+
+    READY = "Ready"
+    """The object reached its end, and it is a good one."""
+    RECONCILING = "Reconciling"
+    """The operator is still working on it; it moves on its own."""
+    STALLED = "Stalled"
+    """It will not move without a person (a new experiment, a rerun, a Secret)."""
+
+
+class Reason(StrEnum):
+    """The reasons of the kstatus conditions (one per state; docs/operations.md)."""
+
+    # Experiment
+    RUNNING = "Running"
+    PREREQUISITES_MISSING = "PrerequisitesMissing"
+    COMPLETE = "Complete"
+    INVALID_SPEC = "InvalidSpec"
+    BUDGET_EXHAUSTED = "BudgetExhausted"
+    CELLS_FAILED = "CellsFailed"
+    # Cell
+    RESULT_SELECTED = "ResultSelected"
+    RETRYING = "Retrying"
+    RETRIES_EXHAUSTED = "RetriesExhausted"
+    # Attempt (RUNNING too)
+    COMPLETED = "Completed"
+    SUBJECT_FAILED = "SubjectFailed"
+    INFRA_FAILED = "InfraFailed"
+    CANCELLED = "Cancelled"
+
+
+ConditionWish = tuple[str, bool, str, str]
+"""(type, is it True, reason, message) of one condition to write."""
+
+
+def kstatus(true: KStatus, reason: Reason, message: str) -> list[ConditionWish]:
+    """Ready, Reconciling and Stalled: `true` is True, the others False, one reason."""
+    return [(kind.value, kind is true, reason.value, message) for kind in KStatus]
+
+
+def merge_conditions(
+    previous: Iterable[Mapping[str, Any]] | None,
+    wanted: Sequence[ConditionWish],
+    generation: int,
+    now: str,
+) -> tuple[list[dict[str, Any]], list[ConditionWish]]:
+    """The conditions to write, each with observedGeneration, keeping lastTransitionTime
+    where the status did not change; and the wishes whose status changed (a condition
+    that was not there before counts as changed)."""
+    old = {c.get("type"): c for c in previous or ()}
+    written = []
+    changed = []
+    for type_, truth, reason, message in wanted:
+        status = ConditionStatus.TRUE.value if truth else ConditionStatus.FALSE.value
+        before = old.get(type_) or {}
+        flipped = before.get("status") != status
+        written.append(
+            {
+                "type": type_,
+                "status": status,
+                "reason": reason,
+                "message": message[:32768],
+                "observedGeneration": generation,
+                "lastTransitionTime": now if flipped else before.get("lastTransitionTime", now),
+            }
+        )
+        if flipped:
+            changed.append((type_, truth, reason, message))
+    return written, changed
+
+
+def condition_of(status: Mapping[str, Any] | None, type_: str) -> Mapping[str, Any] | None:
+    """The condition of this type in a status, or None."""
+    for condition in (status or {}).get("conditions") or ():
+        if condition.get("type") == type_:
+            return condition  # type: ignore[no-any-return]
+    return None
 
 
 CONDITIONS = Field(

@@ -21,16 +21,32 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from enum import StrEnum
 from typing import Any
 
 from maka_eval.contract.fields import ContractError
-from maka_eval.contract.kernel import ResultKernel
+from maka_eval.contract.kernel import REASON_LIMIT, ResultKernel
 from maka_eval.engine.status import AttemptStatus, StatusSource
 from maka_eval.k8s.render import SUBJECT_CONTAINER
 
 IMAGE_PULL_WAITING = frozenset(
     {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"}
 )
+
+
+class EndCause(StrEnum):
+    """What the operator found when an attempt ended without the relay's kernel: the
+    `reason` label of maka_eval_attempts_total (a kernel the relay wrote is labelled by
+    its status source instead). Few values: a label, not the reason's text."""
+
+    POD_GONE = "pod-gone"
+    IMAGE_PULL = "image-pull"
+    OOM_KILLED = "oom-killed"
+    INIT_CONTAINER = "init-container"
+    NO_RESULT = "no-result"
+    BAD_RESULT = "bad-result"
+    POD_ENDED = "pod-ended"
+    API_REFUSED = "api-refused"
 
 
 @dataclass(frozen=True)
@@ -40,6 +56,8 @@ class PodEnd:
     kernel: ResultKernel
     finished_at: datetime
     started_at: datetime | None = None
+    cause: str = ""
+    """An EndCause, or (the relay's kernel) its status source."""
 
 
 def parse_time(value: Any) -> datetime | None:
@@ -62,7 +80,7 @@ def infra_failure(reason: str, duration_sec: float = 0.0) -> ResultKernel:
         duration_sec=max(0.0, duration_sec),
         artifacts=(),
         status_source=StatusSource.INFRASTRUCTURE,
-        reason=reason[:500],
+        reason=reason[:REASON_LIMIT],
     )
 
 
@@ -91,7 +109,7 @@ def pod_end(pod: Mapping[str, Any], now: datetime) -> PodEnd | None:
         message = terminated.get("message") or ""
         if message.strip():
             try:
-                return PodEnd(ResultKernel.from_json(message), finished, started)
+                kernel = ResultKernel.from_json(message)
             except ContractError as exc:
                 return PodEnd(
                     infra_failure(
@@ -100,17 +118,21 @@ def pod_end(pod: Mapping[str, Any], now: datetime) -> PodEnd | None:
                     ),
                     finished,
                     started,
+                    EndCause.BAD_RESULT,
                 )
+            return PodEnd(kernel, finished, started, kernel.status_source.value)
         code = terminated.get("exitCode")
         why = terminated.get("reason") or "Error"
+        cause = EndCause.NO_RESULT
         if why == "OOMKilled":
+            cause = EndCause.OOM_KILLED
             reason = (
                 "OOMKilled: the subject container hit its memory limit before the relay "
                 "wrote a result; raise executor.config.resources.limits.memory"
             )
         else:
             reason = f"the relay ended ({why}, exit code {code}) without writing a result kernel"
-        return PodEnd(infra_failure(reason, _duration(started, finished)), finished, started)
+        return PodEnd(infra_failure(reason, _duration(started, finished)), finished, started, cause)
     if phase in ("Failed", "Succeeded"):
         # Ended without the subject container ending: evicted, an init container
         # failed, or the node was lost.
@@ -119,19 +141,25 @@ def pod_end(pod: Mapping[str, Any], now: datetime) -> PodEnd | None:
         for init in status.get("initContainerStatuses") or ():
             state = (init.get("state") or {}).get("terminated") or {}
             if state and state.get("exitCode", 0) != 0:
+                # Its termination message says why (the relay bundle check names the
+                # expected and the actual digest).
+                said = " ".join(str(state.get("message") or "").split())
                 return PodEnd(
                     infra_failure(
                         f"init container {init.get('name')} failed "
-                        f"({state.get('reason') or 'Error'}, exit code {state.get('exitCode')})",
+                        f"({state.get('reason') or 'Error'}, exit code {state.get('exitCode')})"
+                        + (f": {said}" if said else ""),
                     ),
                     now,
                     started,
+                    EndCause.INIT_CONTAINER,
                 )
         text = f"{why}: {message}" if why and message else (why or message or "no reason given")
         return PodEnd(
             infra_failure(f"the Pod ended before its relay did ({text})", _duration(started, now)),
             now,
             started,
+            EndCause.POD_ENDED,
         )
     return None
 

@@ -52,7 +52,14 @@ from maka_eval.engine.reconcile import (
 )
 from maka_eval.engine.selection import CellState, cell_state
 from maka_eval.engine.status import StatusSource, Trigger
-from maka_eval.errors import CellSelectionError, ResourceError
+from maka_eval.errors import CellSelectionError, PrerequisiteError, ResourceError
+from maka_eval.executors.attempts import (
+    PluginAttempts,
+    check_plugin_prerequisites,
+    plugin_of,
+    readiness_problems,
+    task_inputs,
+)
 from maka_eval.local import netns
 from maka_eval.local.cell_egress import CellEgress, start_cell_egress
 from maka_eval.local.events import (
@@ -65,7 +72,12 @@ from maka_eval.local.events import (
     ignore,
 )
 from maka_eval.local.plans import attempt_plan, egress_mode
-from maka_eval.local.prerequisites import ResolvedCommands, check_prerequisites, work_root_path
+from maka_eval.local.prerequisites import (
+    ResolvedCommands,
+    _prefix,
+    check_prerequisites,
+    work_root_path,
+)
 from maka_eval.relay.attempt import run_attempt
 from maka_eval.relay.outcome import AttemptOutcome, build_kernel
 from maka_eval.relay.plan import MeteringPlan
@@ -73,6 +85,7 @@ from maka_eval.relay.processes import CancelToken, ProcessSupervisor
 from maka_eval.sandbox.container import remove_leftovers
 from maka_eval.spec.egress import policy_of
 from maka_eval.spec.load import LoadedExperiment
+from maka_eval.spec.metering import prices_of
 from maka_eval.spec.task_directory import TaskDefinition, benchmark_root
 from maka_eval.store.run_store import RunIdentity, RunWriter
 
@@ -118,7 +131,7 @@ def program_digests(loaded: LoadedExperiment, commands: ResolvedCommands) -> dic
         program = commands.subjects.get(subject.id)
         if isinstance(command, str) and "/" in command and program is not None:
             digests[f"subjects.{subject.id}"] = "sha256:" + digest_file(program).sha256
-    host = spec.executor.config.runtime_host
+    host = spec.runtime_host
     if host is not None and "/" in host.command and commands.runtime_host is not None:
         digests["executor.runtimeHost"] = "sha256:" + digest_file(commands.runtime_host).sha256
     return digests
@@ -184,18 +197,41 @@ class LocalRun:
         self._work: Path | None = None
         self._host_problem: str | None = None
         self._hidden: tuple[str, ...] = ()
-        self._egress_policy: EgressPolicy | None = policy_of(
-            self.experiment.spec.executor.config.egress
-        )
+        self._egress_policy: EgressPolicy | None = policy_of(self.experiment.spec.executor_egress)
+        # A plug-in executor (executors/attempts.py) runs each attempt in place of the
+        # in-process relay; the run loop, the store and the events stay these.
+        self._plugin = plugin_of(self.experiment)
+        self._plugin_attempts: PluginAttempts | None = None
 
     # -- the run --------------------------------------------------------------------
     def run(self) -> RunReport:
         """Run every cell that needs an attempt (or only the requested ones)."""
-        self._commands = check_prerequisites(self.loaded, self.tasks, self.host_env)
+        if self._plugin is not None:
+            check_plugin_prerequisites(
+                self._plugin, self.experiment, self.host_env, _prefix(self.loaded)
+            )
+            self._plugin_attempts = PluginAttempts(
+                self._plugin,
+                self.experiment,
+                task_inputs(self.experiment, self.tasks),
+                self.tasks,
+                self.host_env,
+                self.cancel,
+                self._host,
+            )
+            digests: dict[str, str] = {}
+        else:
+            unready = readiness_problems(self.experiment, _prefix(self.loaded))
+            if unready:
+                raise PrerequisiteError(
+                    "this experiment cannot run here; nothing was started:", unready
+                )
+            self._commands = check_prerequisites(self.loaded, self.tasks, self.host_env)
+            digests = program_digests(self.loaded, self._commands)
         identity = RunIdentity(
             self.experiment.canonical(),
             {tid: t.digest for tid, t in sorted(self.tasks.items())},
-            program_digests(self.loaded, self._commands),
+            digests,
         )
         writer = RunWriter.open(self.run_dir, identity, __version__)
         self._writer = writer
@@ -214,9 +250,13 @@ class LocalRun:
             # We hold the writer lock: whatever is here is left from a writer that died.
             shutil.rmtree(self._work, ignore_errors=True)
             self._work.mkdir(parents=True)
-            engine = self._commands.engine
-            if self._commands.containers and engine is not None:
+            engine = self._commands.engine if self._commands is not None else None
+            if self._commands is not None and self._commands.containers and engine is not None:
                 remove_leftovers(engine.url, writer.run_id)
+            if self._plugin_attempts is not None:
+                self._plugin_attempts.prepare(
+                    writer, self.run_dir, self._work, self.loaded.base_dir
+                )
             if self._egress_policy is not None:
                 netns.remove_leftovers(writer.run_id)
             spending = [r.spending() for rs in writer.contents.records.values() for r in rs]
@@ -228,6 +268,8 @@ class LocalRun:
             # Orphans that dropped their attempt's marker could not be attributed to an
             # attempt; with every attempt over, they are nobody's and must not outlive us.
             self.supervisor.quiesce_adopted()
+            if self._plugin_attempts is not None:
+                self._plugin_attempts.close()
             writer.close()
             if self._work is not None:
                 if self.options.keep_workspaces:
@@ -397,13 +439,28 @@ class LocalRun:
     ) -> None:
         """Run one attempt in a worker thread and report it to the main thread."""
         try:
-            record = self._run_one(start, barrier.wait if barrier is not None else None)
+            gate = barrier.wait if barrier is not None else None
+            if self._plugin_attempts is not None:
+                record = self._run_plugin_one(self._plugin_attempts, start, gate)
+            else:
+                record = self._run_one(start, gate)
         except BaseException as exc:
             if barrier is not None:
                 barrier.abort()
             report((start, exc))
             return
         report((start, record))
+
+    def _run_plugin_one(
+        self, attempts: PluginAttempts, start: Start, gate: Callable[[], Any] | None
+    ) -> AttemptRecord:
+        writer, work = self._writer, self._work
+        assert writer is not None and work is not None
+        cell = start.cell
+        slot = writer.reserve(cell.task_id, cell.repetition, cell.subject_id)
+        attempt_root = work / f"{cell.task_id}__{cell.repetition}__{cell.subject_id}__{slot.number}"
+        self.events(AttemptStarted(cell.id, cell.subject_id, slot.number))
+        return attempts.run(writer, slot, start, gate, attempt_root, self.options.keep_workspaces)
 
     def _run_one(self, start: Start, gate: Callable[[], Any] | None) -> AttemptRecord:
         writer, work, commands = self._writer, self._work, self._commands
@@ -450,7 +507,11 @@ class LocalRun:
             if egress_failure is not None:
                 outcome = _not_started(plan.subject.contract, egress_failure, redactor, gate)
             elif egress is not None:
-                metering = MeteringPlan(str(egress.proxy.checkpoint_path))
+                prices = prices_of(self.experiment.spec.metering)
+                metering = MeteringPlan(
+                    str(egress.proxy.checkpoint_path),
+                    prices=prices.to_dict() if prices is not None else {},
+                )
                 outcome = run_attempt(
                     replace(plan, metering=metering),
                     self.supervisor,

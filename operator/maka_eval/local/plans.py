@@ -7,7 +7,7 @@ from pathlib import Path
 from maka_eval.engine.expand import Cell
 from maka_eval.engine.launch import SOLUTION_DIR_NAME, subject_launch
 from maka_eval.local.prerequisites import ResolvedCommands
-from maka_eval.relay.plan import AttemptPlan, ContainerPlan, EgressPlan
+from maka_eval.relay.plan import AttemptPlan, ContainerPlan, EgressPlan, step_plans
 from maka_eval.sandbox.container import build_tag
 from maka_eval.spec.experiment import Experiment
 from maka_eval.spec.subjects import ExternalSubject, MakaSubject, Subject
@@ -32,7 +32,7 @@ def attempt_plan(
     spec = experiment.spec
     subject = experiment.subject(cell.subject_id)
     defaults = spec.execution.default_timeouts
-    host = spec.executor.config.runtime_host
+    host = spec.runtime_host
     in_container = task.id in commands.containers
     program = commands.subjects.get(subject.id)
     named = _named_command(subject, host.command if host is not None else None)
@@ -64,6 +64,8 @@ def attempt_plan(
         if in_container and commands.engine is not None
         else None
     )
+    agent_timeout = task.agent_timeout_sec or defaults.agent_sec
+    verifier_timeout = task.verifier_timeout_sec or defaults.verifier_sec
     return AttemptPlan(
         attempt_id=attempt_id,
         run_id=run_id,
@@ -83,8 +85,10 @@ def attempt_plan(
             else None
         ),
         subject=launch,
-        agent_timeout_sec=task.agent_timeout_sec or defaults.agent_sec,
-        verifier_timeout_sec=task.verifier_timeout_sec or defaults.verifier_sec,
+        agent_timeout_sec=agent_timeout,
+        verifier_timeout_sec=verifier_timeout,
+        steps=step_plans(task, agent_timeout, verifier_timeout),
+        step_reward_strategy=task.step_reward_strategy,
         verifier_env=dict(task.verifier_env),
         score_key=spec.verifier.config.score_key,
         redact=tuple(dict.fromkeys(c for s in spec.subjects for c in s.credentials)),
@@ -102,7 +106,7 @@ def egress_mode(experiment: Experiment, task: TaskDefinition) -> str | None:
     """How the cells of `task` reach the network under executor.config.egress: 'proxy'
     (a policed namespace), 'none' (loopback only) or None (no policy declared). A task
     whose task.toml says allow_internet = false gets 'none', whatever the spec says."""
-    config = experiment.spec.executor.config.egress
+    config = experiment.spec.executor_egress
     if config is None:
         return None
     return "none" if task.network_mode == "no-network" else config.mode

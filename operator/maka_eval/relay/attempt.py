@@ -15,7 +15,7 @@ import shutil
 import stat
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from maka_eval.artifacts import Redactor, copy_artifact
@@ -30,7 +30,9 @@ from maka_eval.engine.classify import (
     Verification,
     classify,
 )
+from maka_eval.engine.launch import SOLUTION_DIR_NAME
 from maka_eval.process_table import RUN_MARKER
+from maka_eval.relay import steps
 from maka_eval.relay.environment import (
     RESOLV_CONF,
     base_environment,
@@ -45,8 +47,9 @@ from maka_eval.relay.gate import PROBE_TIMEOUT_SEC, probe_argv, read_evidence, r
 from maka_eval.relay.metering import recover_metered
 from maka_eval.relay.outcome import AttemptOutcome, build_kernel
 from maka_eval.relay.output import DiskFull, OutputCapture
-from maka_eval.relay.plan import AttemptPlan
+from maka_eval.relay.plan import AttemptPlan, StepPlan
 from maka_eval.relay.processes import CancelToken, ProcessSupervisor, WaitEnd
+from maka_eval.relay.steps import StepOutcome
 from maka_eval.relay.verifier import read_reward
 from maka_eval.sandbox.base import Isolation, Layout, Network, Phase, Sandbox
 from maka_eval.sandbox.process import interpreted, make_sandbox
@@ -55,7 +58,8 @@ LOW_DISK_BYTES = 1 << 20
 """Below this much free space a file system counts as full: nothing an attempt wrote
 there (output, rewards, records) can be trusted to be whole."""
 
-OUTPUT_NAMES = ("subject.stdout", "subject.stderr", "verifier.stdout", "verifier.stderr")
+SETUP_OUTPUT_BYTES = 2000
+"""What of a failed step setup's output the record quotes."""
 
 
 def _file_digest(path: Path) -> tuple[int, int, int, int] | None:
@@ -122,6 +126,10 @@ class AttemptLayout:
         """The policed sandbox's /etc/hosts and /etc/resolv.conf (shown read-only)."""
         return self.root / "egress"
 
+    def step_dir(self, name: str) -> Path:
+        """What a step of a multi-step task left (its output, its verifier's logs)."""
+        return self.root / "steps" / name
+
     @property
     def output(self) -> Path:
         """Where the relay writes captured output (never inside the workspace)."""
@@ -148,6 +156,32 @@ def _copy_tree(src: str, dst: Path) -> None:
             raise OSError(errno.ENOSPC, "no space left on device", str(full[1])) from None
         first = failures[0] if failures else ("?", str(dst), str(exc))
         raise OSError(errno.EIO, f"cannot copy {first[0]}: {first[-1]}", str(first[1])) from None
+
+
+MAX_AGENT_FILES = 256
+"""At most this many files of /logs/agent become artifacts."""
+
+
+def _agent_files(root: Path, max_bytes: int) -> list[tuple[str, Path]]:
+    """The regular files the subject left in /logs/agent, as `agent/<path>` artifacts:
+    at most MAX_AGENT_FILES and `max_bytes` in all, links never followed."""
+    found: list[tuple[str, Path]] = []
+    total = 0
+    for folder, dirs, files in os.walk(root, followlinks=False):
+        dirs.sort()
+        for name in sorted(files):
+            path = Path(folder) / name
+            try:
+                info = path.lstat()
+            except OSError:
+                continue
+            if not stat.S_ISREG(info.st_mode) or total + info.st_size > max_bytes:
+                continue
+            if len(found) == MAX_AGENT_FILES:
+                return found
+            total += info.st_size
+            found.append((f"agent/{path.relative_to(root).as_posix()}", path))
+    return found
 
 
 def _make_executable(path: Path) -> None:
@@ -188,7 +222,10 @@ class _Attempt:
         self.captures: dict[str, OutputCapture] = {}
         self.disk_full: str | None = None
         self.notes: list[str] = []
-        self._reward_read: tuple[str, tuple[int, int, int, int] | None] | None = None
+        self.step_metrics: dict[str, float] = {}
+        """A multi-step attempt's per-step rewards (`step.<name>.<key>`)."""
+        self._rewards_read: list[tuple[Path, tuple[int, int, int, int] | None]] = []
+        """Each reward file read, and its digest when it was read."""
         self.sandbox = self._make_sandbox()
         # Every credential of the experiment, whichever subject declared it: a subject
         # that got hold of another's value must not carry it out of the attempt.
@@ -316,8 +353,11 @@ class _Attempt:
             values[f"MAKA_EVAL_{name.upper()}_DIR"] = inside(layout.root / name)
         return values
 
-    def run_subject(self) -> Execution:
+    def run_subject(
+        self, timeout: float | None = None, user: str | None = None, prefix: str = "subject"
+    ) -> Execution:
         plan, layout = self.plan, self.layout
+        timeout = plan.agent_timeout_sec if timeout is None else timeout
         if self.cancel.is_set():
             return Execution(ExecutionEnd.CANCELLED)
         env = subject_environment(
@@ -331,7 +371,7 @@ class _Attempt:
                     self._inside(Phase.SUBJECT, ca) if ca is not None else None,
                 )
             )
-        out, err = self._capture("subject")
+        out, err = self._capture(prefix)
         try:
             proc = self.sandbox.spawn(
                 Phase.SUBJECT,
@@ -340,6 +380,7 @@ class _Attempt:
                 env=env,
                 stdout=out.child_fd,
                 stderr=err.child_fd,
+                user=user,
             )
         except OSError as exc:
             return Execution(
@@ -349,10 +390,9 @@ class _Attempt:
         finally:
             out.started()
             err.started()
-        self.subject_started_at = time.time()
-        end = self.sandbox.wait(
-            proc, plan.agent_timeout_sec, self.cancel, tuple(self.captures.values())
-        )
+        if self.subject_started_at is None:
+            self.subject_started_at = time.time()
+        end = self.sandbox.wait(proc, timeout, self.cancel, tuple(self.captures.values()))
         if end is not WaitEnd.EXITED:
             self.sandbox.quiesce(Phase.SUBJECT, proc)
         code = self.sandbox.release(proc)
@@ -360,7 +400,7 @@ class _Attempt:
         return Execution(
             _END[end],
             exit_code=code if end is WaitEnd.EXITED else None,
-            timeout_sec=plan.agent_timeout_sec if end is WaitEnd.TIMED_OUT else None,
+            timeout_sec=timeout if end is WaitEnd.TIMED_OUT else None,
         )
 
     def check_gate(self) -> str | None:
@@ -400,16 +440,21 @@ class _Attempt:
         finally:
             os.close(fd)
 
-    def verify(self) -> Verification | None:
-        """Run tests/test.sh in the environment the subject left; None if cancelled."""
+    def verify(self, step: StepPlan | None = None) -> Verification | None:
+        """Run tests/test.sh in the environment the subject left; None if cancelled.
+
+        A step's verifier gets the task's tests/ overlaid by the step's, and the step's
+        timeout, env and user."""
         plan, layout = self.plan, self.layout
         # Tests reach the attempt only now, after the subject has stopped.
-        _copy_tree(plan.tests_dir, layout.tests)
+        for tests_dir in step.tests_dirs if step is not None else (plan.tests_dir,):
+            _copy_tree(tests_dir, layout.tests)
         self._fresh_verifier_logs()
         script = layout.tests / "test.sh"
         _make_executable(script)
         inside = functools.partial(self._inside, Phase.VERIFIER)
-        env = dict(plan.verifier_env)
+        timeout = step.verifier_timeout_sec if step is not None else plan.verifier_timeout_sec
+        env = dict(step.verifier_env if step is not None else plan.verifier_env)
         env.update(
             {
                 "MAKA_EVAL_WORKSPACE": inside(layout.workspace),
@@ -419,7 +464,7 @@ class _Attempt:
             }
         )
         env.update(self.base_env)
-        out, err = self._capture("verifier")
+        out, err = self._capture(f"steps/{step.name}/verifier" if step else "verifier")
         try:
             proc = self.sandbox.spawn(
                 Phase.VERIFIER,
@@ -428,15 +473,14 @@ class _Attempt:
                 env=env,
                 stdout=out.child_fd,
                 stderr=err.child_fd,
+                user=step.verifier_user if step is not None else None,
             )
         except OSError as exc:
             return Verification(None, f"cannot start tests/test.sh: {exc.strerror or exc}")
         finally:
             out.started()
             err.started()
-        end = self.sandbox.wait(
-            proc, plan.verifier_timeout_sec, self.cancel, tuple(self.captures.values())
-        )
+        end = self.sandbox.wait(proc, timeout, self.cancel, tuple(self.captures.values()))
         if end is not WaitEnd.EXITED:
             self.sandbox.quiesce(Phase.VERIFIER, proc)
         self.sandbox.release(proc)
@@ -444,15 +488,138 @@ class _Attempt:
         if end is WaitEnd.CANCELLED:
             return None
         if end is WaitEnd.TIMED_OUT:
-            return Verification(
-                None, f"the verifier timed out after {plan.verifier_timeout_sec:g}s"
-            )
+            return Verification(None, f"the verifier timed out after {timeout:g}s")
         verification, source = read_reward(
             str(layout.verifier_logs), plan.score_key, scrub=self.redactor.scrub
         )
         if source is not None:
-            self._reward_read = (source, _file_digest(layout.verifier_logs / source))
+            path = layout.verifier_logs / source
+            self._rewards_read.append((path, _file_digest(path)))
         return verification
+
+    # -- multi-step tasks -------------------------------------------------------------
+    def run_steps(self) -> tuple[Execution, Verification]:
+        """Run the task's steps in order in the one sandbox (relay.steps has the rules);
+        the attempt's execution and verification over them."""
+        plan = self.plan
+        outcomes: list[StepOutcome] = []
+        for index, step in enumerate(plan.steps):
+            if index:
+                self._between_steps(plan.steps[index - 1])
+            outcome = self._run_step(step)
+            outcomes.append(outcome)
+            self.timings.update({f"step.{step.name}.{k}": v for k, v in outcome.timings.items()})
+            why = steps.stop_reason(outcome, step.min_reward)
+            rest = [s.name for s in plan.steps[index + 1 :]]
+            if why is not None and rest:
+                self.notes.append(
+                    f"step {step.name}: {why}; the remaining steps did not run ({', '.join(rest)})"
+                )
+            if why is not None:
+                break
+        self.step_metrics = steps.step_metrics(outcomes)
+        return (
+            steps.aggregate_execution(outcomes),
+            steps.aggregate_verification(outcomes, plan.step_reward_strategy, plan.score_key),
+        )
+
+    def _run_step(self, step: StepPlan) -> StepOutcome:
+        """One step: its files and setup, its subject, its verifier."""
+        t0 = time.perf_counter()
+        self.layout.step_dir(step.name).mkdir(parents=True, exist_ok=True)
+        if self.cancel.is_set():
+            return StepOutcome(step.name, Execution(ExecutionEnd.CANCELLED))
+        failed = self._prepare_step(step)
+        t1 = time.perf_counter()
+        timings = {"setupSec": t1 - t0}
+        if failed is not None:
+            threw = Execution(ExecutionEnd.THREW, error=failed)
+            return StepOutcome(step.name, threw, None, timings)
+        execution = self.run_subject(
+            step.agent_timeout_sec, step.agent_user, f"steps/{step.name}/subject"
+        )
+        t2 = time.perf_counter()
+        timings["subjectSec"] = t2 - t1
+        verification: Verification | None = None
+        if execution.end in (ExecutionEnd.EXITED, ExecutionEnd.TIMED_OUT):
+            verification = self.verify(step)
+            if verification is None:
+                execution = Execution(ExecutionEnd.CANCELLED)
+        timings["verifierSec"] = time.perf_counter() - t2
+        return StepOutcome(step.name, execution, verification, timings)
+
+    def _prepare_step(self, step: StepPlan) -> str | None:
+        """The step's instruction, the oracle's solution for it, its workdir files and
+        setup.sh (with bash, as the subject's user); why the step cannot run, or None."""
+        layout = self.layout
+        subject = functools.partial(self._inside, Phase.SUBJECT)
+        shutil.copyfile(step.instruction_file, layout.instruction)  # in place: it is shown
+        self.sandbox.upload(str(layout.instruction), subject(layout.instruction))
+        solution = layout.root / SOLUTION_DIR_NAME
+        if SOLUTION_DIR_NAME in self.plan.subject.extra_dirs and step.solution_dir is not None:
+            for entry in list(solution.iterdir()):  # emptied in place: it is shown too
+                if entry.is_dir() and not entry.is_symlink():
+                    shutil.rmtree(entry)
+                else:
+                    entry.unlink()
+            _copy_tree(step.solution_dir, solution)
+            for script in solution.glob("*.sh"):
+                _make_executable(script)
+        if step.workdir_dir is None:
+            return None
+        workdir = subject(layout.workspace)
+        try:
+            self.sandbox.upload(step.workdir_dir, workdir, user=step.agent_user)
+        except OSError as exc:
+            return f"its workdir files could not be uploaded: {exc.strerror or exc}"
+        if not os.path.isfile(os.path.join(step.workdir_dir, "setup.sh")):
+            return None
+        return self._run_setup(step, f"{workdir.rstrip('/')}/setup.sh")
+
+    def _run_setup(self, step: StepPlan, script: str) -> str | None:
+        """`bash <workdir>/setup.sh`, as Harbor runs it; why it failed, or None."""
+        env = {**self.base_env, **self._attempt_vars()}
+        with open(self.layout.step_dir(step.name) / "setup.out", "w+b") as out:
+            try:
+                proc = self.sandbox.spawn(
+                    Phase.SUBJECT,
+                    ["bash", script],
+                    env=env,
+                    cwd=self._inside(Phase.SUBJECT, self.layout.workspace),
+                    stdout=out,
+                    stderr=out,
+                    user=step.agent_user,
+                )
+            except OSError as exc:
+                return f"its setup.sh could not start: {exc.strerror or exc}"
+            end = self.sandbox.wait(proc, step.agent_timeout_sec, self.cancel)
+            if end is not WaitEnd.EXITED:
+                self.sandbox.quiesce(Phase.SUBJECT, proc)
+            code = self.sandbox.release(proc)
+            if end is WaitEnd.CANCELLED:
+                return "the run was cancelled during its setup.sh"
+            if end is WaitEnd.TIMED_OUT:
+                return f"its setup.sh timed out after {step.agent_timeout_sec:g}s"
+            if code == 0:
+                return None
+            out.seek(0)
+            said = self.redactor.text(out.read(1 << 16).decode(errors="replace").strip())
+        return f"its setup.sh exited with code {code}: {said[-SETUP_OUTPUT_BYTES:]}"
+
+    def _between_steps(self, previous: StepPlan) -> None:
+        """The previous step's verifier logs are kept with the step; the next verifier
+        starts from empty /tests and /logs/verifier, out of the subject's sight."""
+        layout = self.layout
+        kept = layout.step_dir(previous.name) / "verifier"
+        if layout.verifier_logs.is_dir() and not layout.verifier_logs.is_symlink():
+            os.replace(layout.verifier_logs, kept)
+            self._rewards_read = [
+                (kept / path.name if path.parent == layout.verifier_logs else path, digest)
+                for path, digest in self._rewards_read
+            ]
+        if layout.tests.is_dir() and not layout.tests.is_symlink():
+            shutil.rmtree(layout.tests)
+        self.sandbox.next_step()
 
     def _fresh_verifier_logs(self) -> None:
         """The verifier's log folder is made empty now, after the subject has finished;
@@ -476,18 +643,24 @@ class _Attempt:
     def _check_reward_unchanged(self) -> None:
         """After everything stopped: a reward file that changed since the verifier exited
         was touched by something else; the value read at the verifier's exit stands."""
-        if self._reward_read is None:
-            return
-        name, digest = self._reward_read
-        if _file_digest(self.layout.verifier_logs / name) != digest:
-            self.notes.append(
-                f"suspected tampering: {name} changed after the verifier exited; the value "
-                "read when it exited was used"
-            )
+        for path, digest in self._rewards_read:
+            if _file_digest(path) != digest:
+                name = path.relative_to(self.layout.root).as_posix().replace("logs/verifier/", "")
+                self.notes.append(
+                    f"suspected tampering: {name} changed after the verifier exited; the value "
+                    "read when it exited was used"
+                )
 
     def cleanup(self) -> None:
         """The attempt is over: nothing of it may outlive it; close its output."""
         try:
+            if self.sandbox.isolation is not Isolation.NONE:
+                with contextlib.suppress(Exception):
+                    self.sandbox.download(
+                        self._inside(Phase.SUBJECT, self.layout.agent_logs),
+                        str(self.layout.agent_logs),
+                        self.plan.output_limit_bytes,
+                    )
             self.sandbox.stop()
             self._check_reward_unchanged()
         finally:
@@ -507,14 +680,20 @@ class _Attempt:
         # Captured streams that wrote nothing left no file: no need to look for them.
         candidates = [
             (name, layout.output / name)
-            for name in OUTPUT_NAMES
-            if name in self.captures and self.captures[name].written
+            for name, capture in self.captures.items()
+            if capture.written
         ]
         candidates += [
             (f"verifier/{name}", layout.verifier_logs / name)
             for name in ("reward.json", "reward.txt")
         ]
+        candidates += [
+            (f"steps/{step.name}/verifier/{name}", layout.step_dir(step.name) / "verifier" / name)
+            for step in self.plan.steps
+            for name in ("reward.json", "reward.txt")
+        ]
         candidates.append(("result-frame.json", layout.frame_dir / "result.json"))
+        candidates += _agent_files(layout.agent_logs, self.plan.output_limit_bytes)
         target_root = Path(self.plan.artifacts_dir)
         if not target_root.is_dir():
             target_root.mkdir(parents=True)
@@ -558,11 +737,15 @@ class _Attempt:
             if refused is not None:
                 # Nothing of the subject started; an infrastructure failure says why.
                 execution = Execution(ExecutionEnd.THREW, error=refused)
+            elif self.plan.steps:
+                execution, verification = self.run_steps()
             else:
                 execution = self.run_subject()
             t_subject = time.perf_counter()
             frame = self.read_frame()
-            if execution.end in (ExecutionEnd.EXITED, ExecutionEnd.TIMED_OUT):
+            if self.plan.steps:
+                pass  # verified step by step
+            elif execution.end in (ExecutionEnd.EXITED, ExecutionEnd.TIMED_OUT):
                 result = self.verify()
                 if result is None:
                     execution = Execution(ExecutionEnd.CANCELLED)
@@ -609,18 +792,32 @@ class _Attempt:
             metered=recovery.metered,
             disk_full=self.disk_full,
         )
+        if self.plan.steps:
+            # The steps interleave the phases: each phase's time is the sum over them.
+            step_times = self.timings
+            t_subject = t_prepared + sum(
+                v for k, v in step_times.items() if k.endswith((".subjectSec", ".setupSec"))
+            )
+            t_verified = max(t_verified, t_subject)
+        else:
+            step_times = {}
         self.timings = {
             "prepareSec": t_prepared - t0,
             "subjectSec": max(0.0, t_subject - t_prepared),
             "verifierSec": max(0.0, t_verified - t_subject),
             "cleanupSec": t_end - t_verified,
             "totalSec": t_end - t0,
+            **step_times,
         }
         return AttemptOutcome(
             classification=classification,
             execution=execution,
             frame=frame,
-            verification=verification,
+            verification=replace(
+                verification, metrics={**verification.metrics, **self.step_metrics}
+            )
+            if self.step_metrics
+            else verification,
             artifacts=artifacts,
             started_at=started_at,
             finished_at=time.time(),
@@ -628,7 +825,7 @@ class _Attempt:
             timings=self.timings,
             kernel=build_kernel(
                 classification,
-                verification,
+                replace(verification, metrics={**verification.metrics, **self.step_metrics}),
                 self.timings["subjectSec"],
                 artifacts,
                 self.redactor,

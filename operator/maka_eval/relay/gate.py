@@ -2,10 +2,9 @@
 
 The egress policy lives in the cell's network namespace, as nftables rules seen by the
 IP output hooks. Two things would let a subject get around it: a capability that
-reaches beneath or around those hooks (CAP_NET_RAW: an AF_PACKET socket writes frames
-the hooks never see; CAP_NET_ADMIN: rewrite or drop the rules), held in any set the
-subject could use or regain one from -- the bounding set included -- and a subject
-that is simply not in the namespace the policy was applied to. The gate reads both from
+reaches beneath or around those hooks or out of the sandbox (`FORBIDDEN`), held in any
+set the subject could use or regain one from -- the bounding set included -- and a
+subject that is simply not in the namespace the policy was applied to. The gate reads both from
 a process started exactly like the subject (same sandbox, same wrapper, same user):
 `/proc/self/status` for CapInh, CapPrm, CapEff, CapBnd and CapAmb, and the identity
 (device and inode) of `/proc/self/ns/net`. Any doubt refuses: nothing is started, and
@@ -19,8 +18,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 CAPABILITY_SETS = ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb")
-FORBIDDEN = {12: "CAP_NET_ADMIN", 13: "CAP_NET_RAW"}
-"""Capability number -> name: what a policed subject must hold in no set."""
+FORBIDDEN = {
+    12: "CAP_NET_ADMIN",  # rewrite or drop the namespace's rules
+    13: "CAP_NET_RAW",  # AF_PACKET: frames the IP hooks never see
+    21: "CAP_SYS_ADMIN",  # setns/unshare/mount: another namespace; remount the host's files rw
+    2: "CAP_DAC_READ_SEARCH",  # open_by_handle_at: any file of a mounted filesystem
+    16: "CAP_SYS_MODULE",  # kernel modules
+    17: "CAP_SYS_RAWIO",  # raw I/O ports and memory
+    19: "CAP_SYS_PTRACE",  # another process's memory (and its namespaces)
+    39: "CAP_BPF",  # BPF programs beneath the hooks
+}
+"""Capability number -> name: what a policed subject must hold in no set. (CAP_MKNOD is
+not here: container engines grant it, with a device cgroup that makes it harmless; the
+process sandbox, which has no device cgroup, drops it too.)"""
 NETNS_TAG = "maka-netns"
 PROBE_SCRIPT = (
     "cat /proc/self/status && "
@@ -88,8 +98,8 @@ def refusal(evidence: Evidence, expected_netns: str | None) -> str | None:
         return (
             "the egress gate refused to start the subject: it would hold "
             + "; ".join(held)
-            + ", which gets around the namespace's nftables policy; drop it from the "
-            "sandbox (every set, the bounding set included)"
+            + ", which gets around the namespace's nftables policy or out of the sandbox; "
+            "drop it from the sandbox (every set, the bounding set included)"
         )
     if expected_netns is not None:
         if evidence.netns is None:

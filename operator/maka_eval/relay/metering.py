@@ -1,23 +1,41 @@
-"""Metered work recovered from the egress proxy's checkpoint when the frame is unusable.
+"""Metered work from the egress proxy's signed checkpoint, read once the subject ended.
 
-A protocol-v1 subject reports its usage in its result frame. When that frame is missing
-or invalid -- the wrapper was killed rather than asked to stop -- the relay falls back
-to the provider-usage checkpoint the proxy wrote, accepted only when its HMAC verifies
-with the result token. The figure comes from `metering.checkpoint.derive`, the same
-function the proxy calls. What it means for the status (admitted work makes a missing
-frame a subject failure) is decided in engine.classify, nowhere else.
+When the plan names a checkpoint (the cell's traffic goes through a metering proxy),
+the relay settles the proxy and reads the checkpoint after every attempt, accepting it
+only when its HMAC verifies with the result token. The figure comes from
+`metering.checkpoint.derive`, the same function the proxy calls, priced with the spec's
+prices (`spec.metering.prices`).
+
+What it is used for is decided in engine.classify, nowhere else: it is the attempt's
+usage and cost unless a valid protocol-v1 frame reports its own (then the checkpoint is
+not read: the bundled wrapper's frame is not second-guessed; an exit-code subject has
+no other figure), and when a protocol-v1 frame is missing or invalid -- the wrapper
+was killed rather than asked to stop -- admitted work makes the attempt a failed subject.
+A figure is attributed only when the proxy saw a model request: one that saw none says
+nothing about a subject that called a provider it cannot read (usage stays null).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from maka_eval.engine.classify import Frame, MeteredWork, ResultContract
-from maka_eval.metering.checkpoint import CheckpointRejected, derive, read_checkpoint
+from maka_eval.metering.checkpoint import (
+    Checkpoint,
+    CheckpointRejected,
+    MeteredUsage,
+    derive,
+    read_checkpoint,
+)
 from maka_eval.metering.pricing import Prices
+from maka_eval.metering.settle import request_settlement, wait_settled
 from maka_eval.relay.plan import MeteringPlan
+
+MAX_TOKEN_BYTES = 4096
+PRICES_FIELD = "spec.metering.prices"
 
 
 @dataclass(frozen=True)
@@ -31,6 +49,54 @@ class Recovery:
 NOTHING = Recovery(None)
 
 
+def read_token(metering: MeteringPlan, host_env: Mapping[str, str]) -> str | None:
+    """The result token: from `token_file` (at most 4 KiB, no symlink) or `token_env`."""
+    if metering.token_file is None:
+        return host_env.get(metering.token_env) or None
+    try:
+        fd = os.open(metering.token_file, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        raw = os.read(fd, MAX_TOKEN_BYTES + 1)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    token = raw.decode("utf-8", "replace").strip()
+    return token if token and len(raw) <= MAX_TOKEN_BYTES else None
+
+
+def cost_note(figure: MeteredUsage, prices: Prices | None) -> str | None:
+    """Why a figure with tokens has no cost, or None when it has one (or needs none)."""
+    if figure.cost_usd is not None or figure.usage.total_tokens == 0:
+        return None
+    if prices is None:
+        return f"no cost: the experiment sets no model prices ({PRICES_FIELD})"
+    unpriced = prices.unpriced(figure.usage_by_model)
+    if unpriced:
+        listed = ", ".join(f"'{model}' ({why})" for model, why in unpriced.items())
+        return f"no cost: {PRICES_FIELD} cannot price {listed}"
+    return "no cost: the token count is a lower bound"
+
+
+def _settle(
+    metering: MeteringPlan, token: str, settle: Callable[[], object] | None
+) -> tuple[Checkpoint | CheckpointRejected, str | None]:
+    """Settle the proxy (the executor's callable, or over HTTP) and read the checkpoint."""
+    path = Path(metering.checkpoint)
+    problem = None
+    try:
+        if settle is not None:
+            settle()
+        elif metering.settle_proxy:
+            request_settlement(metering.settle_proxy)
+            return wait_settled(path, token), None
+    except Exception as exc:  # never raises: the figure is then a lower bound
+        problem = f"the metering proxy could not be settled: {exc}"
+    return read_checkpoint(path, token), problem
+
+
 def recover_metered(
     metering: MeteringPlan | None,
     contract: ResultContract,
@@ -38,29 +104,26 @@ def recover_metered(
     host_env: Mapping[str, str],
     settle: Callable[[], object] | None = None,
 ) -> Recovery:
-    """Read the checkpoint when the plan names one and a protocol-v1 frame is unusable.
+    """Read the checkpoint when the plan names one; never raises.
 
     `settle` (the local executor's proxy handle) tells the proxy the subject is done, so
-    that a figure with every admitted request's usage can be complete. Never raises.
+    that a figure with every admitted request's usage can be complete; without it the
+    plan's `settle_proxy` is asked over HTTP.
     """
-    if metering is None or contract is not ResultContract.PROTOCOL_V1 or frame.valid:
-        return NOTHING
-    token = host_env.get(metering.token_env, "")
+    if metering is None or (frame.valid and (frame.usage, frame.cost_usd) != (None, None)):
+        return NOTHING  # a valid frame that reports usage is not second-guessed
+    frame_lost = contract is ResultContract.PROTOCOL_V1 and not frame.valid
+    token = read_token(metering, host_env)
     if not token:
+        source = metering.token_file or metering.token_env
         return Recovery(
             None,
-            (
-                f"the result token ({metering.token_env}) is not set; the provider-usage "
-                "checkpoint was not read",
-            ),
+            (f"the result token ({source}) is not available; usage was not metered",),
         )
     notes: list[str] = []
-    if settle is not None:
-        try:
-            settle()
-        except Exception as exc:  # the figure is then a lower bound, which derive says
-            notes.append(f"the metering proxy could not be settled: {exc}")
-    found = read_checkpoint(Path(metering.checkpoint), token)
+    found, problem = _settle(metering, token, settle)
+    if problem:
+        notes.append(problem)  # the figure is then a lower bound, which derive says
     if isinstance(found, CheckpointRejected):
         if not found.suspicious:
             notes.append("the provider-usage checkpoint is missing; no metered work is on record")
@@ -72,7 +135,15 @@ def recover_metered(
         return Recovery(None, tuple(notes))
     prices = Prices.from_dict(metering.prices) if metering.prices else None
     figure = derive(found, prices)
-    notes.append(f"usage recovered from the provider-usage checkpoint: {figure.describe()}")
+    if figure.requests == 0:
+        return Recovery(None, tuple(notes))
+    if frame_lost:
+        notes.append(f"usage recovered from the provider-usage checkpoint: {figure.describe()}")
+    else:
+        notes.append(f"usage metered by the egress proxy: {figure.describe()}")
+    why = cost_note(figure, prices)
+    if why:
+        notes.append(why)
     return Recovery(
         MeteredWork(
             admitted_requests=figure.admitted,

@@ -10,12 +10,15 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from maka_eval import strict_json
 from maka_eval.engine.classify import ResultContract
 from maka_eval.engine.launch import SubjectLaunch
 from maka_eval.metering.pricing import Prices
+
+if TYPE_CHECKING:
+    from maka_eval.spec.task_directory import TaskDefinition
 
 DEFAULT_OUTPUT_LIMIT = 8 * 1024 * 1024
 
@@ -81,9 +84,10 @@ class EgressPlan:
 class MeteringPlan:
     """Where the egress proxy's provider-usage checkpoint is, and how to verify it.
 
-    When the result frame is missing or invalid, the relay recovers metered usage from
-    the checkpoint (metering.checkpoint), accepting it only when its HMAC verifies with
-    the result token.
+    Once the subject has ended the relay settles the proxy and reads the checkpoint
+    (metering.checkpoint), accepting it only when its HMAC verifies with the result
+    token: the metered usage and cost are recorded unless a valid result frame reports
+    its own, and decide the status when the frame is missing (relay.metering).
     """
 
     checkpoint: str
@@ -93,6 +97,63 @@ class MeteringPlan:
     the value); the subject does not receive it."""
     prices: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
     """Model prices in metering.pricing's wire form; without a price, no cost."""
+    token_file: str | None = None
+    """Read the result token from this file instead of `token_env` (a Pod: a Secret
+    volume; the relay hides its folder from the subject)."""
+    settle_proxy: str | None = None
+    """The proxy's URL (http://HOST:PORT) to settle over HTTP (metering.settle) when
+    the relay cannot signal it (a Pod's sidecar)."""
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """One step of a multi-step task (task.toml `[[steps]]`), its settings resolved:
+    the relay runs the steps in order in the same sandbox (relay.steps)."""
+
+    name: str
+    instruction_file: str
+    tests_dirs: tuple[str, ...]
+    """Copied into /tests in this order (the task's tests/, then the step's)."""
+    agent_timeout_sec: float
+    verifier_timeout_sec: float
+    workdir_dir: str | None = None
+    """Uploaded into the workdir before the step; its setup.sh then runs with bash."""
+    solution_dir: str | None = None
+    """The oracle's solution for this step."""
+    verifier_env: Mapping[str, str] = field(default_factory=dict)
+    agent_user: str | None = None
+    verifier_user: str | None = None
+    min_reward: float | Mapping[str, float] | None = None
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> StepPlan:
+        values = dict(data)
+        values["tests_dirs"] = tuple(values.get("tests_dirs", ()))
+        return cls(**values)
+
+
+def step_plans(
+    task: TaskDefinition, agent_timeout_sec: float, verifier_timeout_sec: float
+) -> tuple[StepPlan, ...]:
+    """The steps of `task`, each falling back to the task's timeouts (already resolved)."""
+    return tuple(
+        StepPlan(
+            name=step.name,
+            instruction_file=str(step.instruction_file),
+            tests_dirs=tuple(str(d) for d in step.tests_dirs),
+            agent_timeout_sec=step.agent_timeout_sec or agent_timeout_sec,
+            verifier_timeout_sec=step.verifier_timeout_sec or verifier_timeout_sec,
+            workdir_dir=str(step.workdir_dir) if step.workdir_dir is not None else None,
+            solution_dir=str(step.solution_dir) if step.solution_dir is not None else None,
+            verifier_env=dict(step.verifier_env),
+            agent_user=step.agent_user,
+            verifier_user=step.verifier_user,
+            min_reward=(
+                dict(step.min_reward) if isinstance(step.min_reward, Mapping) else step.min_reward
+            ),
+        )
+        for step in task.steps
+    )
 
 
 @dataclass(frozen=True)
@@ -140,6 +201,10 @@ class AttemptPlan:
     """Set when the cell's egress is policed (executor.config.egress mode 'proxy')."""
     metering: MeteringPlan | None = None
     """Set when an egress proxy meters the subject's model requests."""
+    steps: tuple[StepPlan, ...] = ()
+    """A multi-step task's steps (empty: one step, the plan's own instruction/tests)."""
+    step_reward_strategy: str = "mean"
+    """How the steps' rewards make the attempt's: 'mean' or 'final' (Harbor's)."""
 
     def to_json(self) -> str:
         """Serialize for the relay program (`python -m maka_eval.relay`)."""
@@ -149,6 +214,8 @@ class AttemptPlan:
         data["redact"] = list(self.redact)
         data["hidden"] = list(self.hidden)
         data["visible"] = list(self.visible)
+        if not self.steps:
+            del data["steps"], data["step_reward_strategy"]
         return json.dumps(data, indent=2, sort_keys=True)
 
     @classmethod
@@ -176,12 +243,15 @@ class AttemptPlan:
                 redact=tuple(data.pop("redact", ())),
                 hidden=tuple(data.pop("hidden", ())),
                 visible=tuple(data.pop("visible", ())),
+                steps=tuple(StepPlan.from_dict(step) for step in data.pop("steps", ())),
                 **data,
             )
         except (KeyError, TypeError, ValueError, AttributeError, RecursionError) as exc:
             raise PlanError(f"the relay plan is malformed: {exc}") from None
         if not plan.subject.argv:
             raise PlanError("the relay plan has an empty subject.argv")
+        if plan.step_reward_strategy not in ("mean", "final"):
+            raise PlanError("the relay plan's step_reward_strategy must be 'mean' or 'final'")
         if (plan.isolation == "container") != (plan.container is not None):
             raise PlanError(
                 "the relay plan needs 'container' exactly when isolation is 'container'"
@@ -214,14 +284,18 @@ def with_task_settings(plan: AttemptPlan) -> AttemptPlan:
             env={**task.solution_env, **subject.env},
             extra_dirs={**subject.extra_dirs, SOLUTION_DIR_NAME: str(task.solution_dir)},
         )
+    agent_timeout = task.agent_timeout_sec or plan.agent_timeout_sec
+    verifier_timeout = task.verifier_timeout_sec or plan.verifier_timeout_sec
     return replace(
         plan,
         subject=subject,
+        steps=step_plans(task, agent_timeout, verifier_timeout),
+        step_reward_strategy=task.step_reward_strategy,
         instruction_file=str(task.instruction_file),
         tests_dir=str(task.tests_dir),
         environment_dir=str(task.environment_dir) if task.environment_dir else None,
-        agent_timeout_sec=task.agent_timeout_sec or plan.agent_timeout_sec,
-        verifier_timeout_sec=task.verifier_timeout_sec or plan.verifier_timeout_sec,
+        agent_timeout_sec=agent_timeout,
+        verifier_timeout_sec=verifier_timeout,
         verifier_env={**task.verifier_env, **plan.verifier_env},
         task_dir=None,
         # A task that allows no network gets none, whatever the experiment says: the

@@ -107,8 +107,26 @@ class Sandbox(Protocol):
         cwd: str,
         stdout: IO[bytes] | int,
         stderr: IO[bytes] | int,
+        user: str | None = None,
     ) -> subprocess.Popen[bytes]:
-        """Start a program of the attempt (OSError when it cannot start)."""
+        """Start a program of the attempt (OSError when it cannot start). `user` (a
+        step's task.toml user) replaces the plan's where the backend has users."""
+
+    def upload(self, host_path: str, sandbox_path: str, user: str | None = None) -> None:
+        """Copy a host file, or a folder's content, to `sandbox_path` as the subject
+        sees it (merged into a folder already there; links the subject left are never
+        followed), owned by `user` where the backend has users. OSError when it cannot."""
+
+    def download(self, sandbox_path: str, host_path: str, max_bytes: int) -> None:
+        """Copy what is at `sandbox_path` (a folder's regular files, at most `max_bytes`
+        in all) into the new or empty host folder `host_path`; nothing when it is gone."""
+
+    def next_step(self) -> None:
+        """Another step of a multi-step task follows: the subject's sandbox is ready
+        again (one cut off by its timeout took its processes with it), and the next
+        verifier gets its own empty /tests and /logs/verifier (the relay has emptied the
+        host folders) that no process of the previous verifier can reach. What the
+        subject left running keeps running, as in Harbor."""
 
     def wait(
         self,

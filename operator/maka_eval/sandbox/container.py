@@ -37,6 +37,7 @@ import json
 import os
 import re
 import secrets
+import stat
 import subprocess
 import sys
 import tarfile
@@ -466,9 +467,9 @@ exec setpriv $ids --inh-caps=-all --bounding-set=-cap_{MARKER_CAP} -- "$@"
 VERIFIER_WRAPPER = (
     r"""
 m=$MAKA_EVAL_EXEC_MARKER d=$MAKA_EVAL_V_DIR sum=$MAKA_EVAL_V_SHA u=$MAKA_EVAL_V_USER
-h=$MAKA_EVAL_V_HOLDER w=$MAKA_EVAL_V_WORKDIR
+h=$MAKA_EVAL_V_HOLDER w=$MAKA_EVAL_V_WORKDIR reset=$MAKA_EVAL_V_RESET
 unset MAKA_EVAL_EXEC_MARKER MAKA_EVAL_V_DIR MAKA_EVAL_V_SHA MAKA_EVAL_V_USER
-unset MAKA_EVAL_V_HOLDER MAKA_EVAL_V_WORKDIR
+unset MAKA_EVAL_V_HOLDER MAKA_EVAL_V_WORKDIR MAKA_EVAL_V_RESET
 say() { printf '\n%s %s\n' "$m" "$*" >&2; }
 fail() { say fail "$*"; exit 202; }
 set -- $h "$@"; h=$1 dt=$2 dl=$3; shift 3
@@ -480,6 +481,9 @@ private() {
     && [ "$(stat -c %d "$r/logs/verifier" 2>/dev/null)" = "$dl" ]
 }
 private || { say tampered "the verifier's private folders were taken away"; exit 201; }
+# A later step's verifier: the previous one's tests and output go first.
+[ -z "$reset" ] || find "$r/tests" "$r/logs/verifier" -mindepth 1 -delete \
+  || fail "cannot empty the previous step's /tests and /logs/verifier"
 left=$(ls -A /logs/verifier 2>/dev/null | head -n 20 | tr '\n' ' ')
 [ -z "$left" ] || { say stale "$left"; find /logs/verifier -mindepth 1 -delete 2>/dev/null; }
 cp "$d/tests.tar" "$r/tests/.maka-tests.tar" || fail "the tests were not uploaded"
@@ -573,6 +577,8 @@ class ContainerSandbox:
         self._client: Any = None
         self._paths: dict[str, str] = {}
         self._program = f"{PROGRAM_DIR}/{Path(plan.program).name}" if plan.program else None
+        self._renewed = False
+        """Whether a step ended since the last verifier (its private folders are emptied)."""
 
     # -- paths ------------------------------------------------------------------------
     def _mapping(self) -> dict[str, str]:
@@ -765,22 +771,62 @@ class ContainerSandbox:
         cwd: str,
         stdout: IO[bytes] | int,
         stderr: IO[bytes] | int,
+        user: str | None = None,
     ) -> subprocess.Popen[bytes]:
         if self.container_id is None:
             raise OSError(f"the {phase.value}'s container is not running")
         inside = {k: v for k, v in env.items() if k not in HOST_ONLY_ENV}
         if phase is Phase.VERIFIER:
-            return self._spawn_verifier(argv, inside, cwd, stdout, stderr)
+            return self._spawn_verifier(argv, inside, cwd, stdout, stderr, user)
         self._upload_subject_files()
+        agent = user or self.plan.agent_user
         if self.private_view is None:
             # Without the one capability that lets a process look into the holder.
-            user = self.plan.agent_user or self.image_user
+            user = agent or self.image_user
             wrapped = ["sh", "-c", SUBJECT_WRAPPER, "maka-subject", *argv]
             env_user = {**inside, "MAKA_EVAL_S_USER": "" if _is_root(user) else user}
             exec_id = self._exec(wrapped, user="0", env=env_user, cwd=cwd)
         else:
-            exec_id = self._exec(argv, user=self.plan.agent_user, env=inside, cwd=cwd)
+            exec_id = self._exec(argv, user=agent, env=inside, cwd=cwd)
         return self._helper(phase, exec_id, stdout, stderr)
+
+    def upload(self, host_path: str, sandbox_path: str, user: str | None = None) -> None:
+        """Put a host file or folder's content at `sandbox_path`; what is put there is
+        handed to `user` (default: the agent's) when that is not root."""
+        if self.container_id is None:
+            raise OSError("the container is not running")
+        source = Path(host_path)
+        tar = _Tar()
+        if source.is_dir():
+            tar.folder(sandbox_path, 0o755)
+            tar.tree(source, sandbox_path)
+            names = [f"{sandbox_path.rstrip('/')}/{p.name}" for p in sorted(source.iterdir())]
+        else:
+            tar.data(sandbox_path, source.read_bytes(), stat.S_IMODE(source.stat().st_mode))
+            names = [sandbox_path]
+        self._put("/", tar.bytes())
+        owner = user or self.plan.agent_user or self.image_user
+        if names and not _is_root(owner):
+            code, out = self._run_root(["chown", "-R", "--", owner, *names])
+            if code != 0:
+                raise OSError(f"cannot hand {sandbox_path} to {owner}: {out.decode()[-200:]}")
+
+    def download(self, sandbox_path: str, host_path: str, max_bytes: int) -> None:
+        if self.container_id is None:
+            return
+        data = self._get(sandbox_path, max_bytes)
+        if data:
+            Path(host_path).mkdir(parents=True, exist_ok=True)
+            with contextlib.suppress(tarfile.TarError, OSError):
+                extract_into(data, Path(host_path), 1, max_bytes)
+
+    def next_step(self) -> None:
+        """What the last verifier left in the container goes; its private folders are
+        emptied when the next verifier starts."""
+        if self.container_id is None:
+            raise OSError("the container is gone; the next step cannot run")
+        self._run_root(["sh", "-c", "rm -rf /maka/.v-*"])
+        self._renewed = True
 
     def _upload_subject_files(self) -> None:
         """/solution (the oracle's) and the subject's own program, now and not before."""
@@ -835,6 +881,7 @@ class ContainerSandbox:
         cwd: str,
         stdout: IO[bytes] | int,
         stderr: IO[bytes] | int,
+        step_user: str | None = None,
     ) -> subprocess.Popen[bytes]:
         box = f"/maka/.v-{secrets.token_hex(16)}"
         tests = _Tar()
@@ -845,7 +892,8 @@ class ContainerSandbox:
         upload.folder(box, 0o700)
         upload.data(f"{box}/tests.tar", payload, 0o600)
         self._put("/", upload.bytes())
-        user = self.plan.verifier_user or self.image_user
+        verifier_user = step_user or self.plan.verifier_user
+        user = verifier_user or self.image_user
         if self.private_view is None:
             marker = secrets.token_hex(16)
             secret_env = {
@@ -856,7 +904,9 @@ class ContainerSandbox:
                 "MAKA_EVAL_V_USER": "" if _is_root(user) else user,
                 "MAKA_EVAL_V_HOLDER": str(self._holder),
                 "MAKA_EVAL_V_WORKDIR": cwd,
+                "MAKA_EVAL_V_RESET": "1" if self._renewed else "",
             }
+            self._renewed = False
             wrapper = ["sh", "-c", VERIFIER_WRAPPER, "maka-verifier", *argv]
             exec_id = self._exec(wrapper, user="0", env=secret_env, cwd=cwd)
             return self._helper(Phase.VERIFIER, exec_id, stdout, stderr, marker=marker, box=box)
@@ -867,7 +917,7 @@ class ContainerSandbox:
             "the verifier ran without a private /tests and /logs/verifier "
             f"({self.private_view}): processes the subject left running could reach them"
         )
-        exec_id = self._exec(argv, user=self.plan.verifier_user, env=env, cwd=cwd)
+        exec_id = self._exec(argv, user=verifier_user, env=env, cwd=cwd)
         return self._helper(Phase.VERIFIER, exec_id, stdout, stderr, box=box)
 
     def _take_reports(self, lines: Sequence[str]) -> str | None:

@@ -16,8 +16,13 @@ Two ways, chosen per attempt:
 - With a policed network (`Network`, the cell's egress enforcement), the subject's
   namespaces are made inside the executor's network namespace instead of a new one,
   /etc/hosts pins the proxy's name, /etc/resolv.conf names no resolver, and the proxy's
-  CA certificate is shown read-only. The subject never holds CAP_NET_RAW or
-  CAP_NET_ADMIN (`SUBJECT_CAP_DROP`, dropped by setpriv as it is entered).
+  CA certificate is shown read-only.
+- The subject, root or not, holds only `SUBJECT_CAPS` (Docker's default set without
+  CAP_NET_RAW and CAP_MKNOD), limited by setpriv as it is entered: no CAP_NET_ADMIN or
+  CAP_NET_RAW (around the egress policy), no CAP_SYS_ADMIN (setns, unshare, mount: a
+  root subject could remount the host's files read-write), no CAP_DAC_READ_SEARCH
+  (open_by_handle_at reaches any file of a mounted filesystem), no CAP_MKNOD (there
+  is no device cgroup: a node of the host's disk would be readable).
 - `PlainProcesses`: the attempt's processes carry a marker and the relay finds and
   kills them by it (see relay.processes). Nothing is hidden; the record says so.
 """
@@ -42,6 +47,7 @@ from maka_eval.process_table import snapshot
 from maka_eval.relay.output import OutputCapture
 from maka_eval.relay.processes import CancelToken, ProcessSupervisor, WaitEnd
 from maka_eval.sandbox.base import Isolation, Layout, Network, Phase
+from maka_eval.sandbox.files import copy_into, copy_out
 
 # Top-level folders the sandbox makes anew instead of showing the host's.
 _FRESH = frozenset({"proc", "dev", "tmp", "run", "lost+found"})
@@ -53,10 +59,14 @@ BWRAP_PROBE = (
 """The smallest sandbox: whether bubblewrap works here, and what it costs alone."""
 TMP_BYTES = 1 << 30
 """Size of a sandbox's own /tmp (memory-backed); TMPDIR points at the attempt's folder."""
-SUBJECT_CAP_DROP = ("net_raw", "net_admin")
-"""Capabilities the subject holds in no set (bounding and inheritable dropped, so no
-exec regains them): with them it could write beneath the network namespace's nftables
-policy (an AF_PACKET socket) or rewrite it. The relay's gate checks they are gone."""
+SUBJECT_CAPS = (
+    *("chown", "dac_override", "fowner", "fsetid", "kill", "setgid", "setuid", "setpcap"),
+    *("setfcap", "net_bind_service", "sys_chroot", "audit_write"),
+)
+"""The only capabilities a subject can hold (the bounding set is cut to these and the
+inheritable and ambient sets emptied, so no exec regains another): what a root process
+in a Docker container holds by default, less CAP_NET_RAW and CAP_MKNOD. The relay's gate
+checks the ones that matter are gone (relay.gate.FORBIDDEN)."""
 
 
 class _Supervised:
@@ -80,6 +90,14 @@ class _Supervised:
     def release(self, proc: subprocess.Popen[bytes]) -> int:
         return self.supervisor.release(proc)
 
+    def upload(self, host_path: str, sandbox_path: str, user: str | None = None) -> None:
+        if host_path != sandbox_path:  # the folders of the layout are shown in place
+            copy_into(Path(host_path), sandbox_path)
+
+    def download(self, sandbox_path: str, host_path: str, max_bytes: int) -> None:
+        if host_path != sandbox_path:
+            copy_out(sandbox_path, Path(host_path), max_bytes)
+
 
 class PlainProcesses(_Supervised):
     """Processes of this machine, found by the attempt's marker (no isolation)."""
@@ -101,8 +119,12 @@ class PlainProcesses(_Supervised):
         cwd: str,
         stdout: IO[bytes] | int,
         stderr: IO[bytes] | int,
+        user: str | None = None,
     ) -> subprocess.Popen[bytes]:
         return self.supervisor.spawn(list(argv), cwd=cwd, env=env, stdout=stdout, stderr=stderr)
+
+    def next_step(self) -> None:
+        """Nothing to renew: the relay made the verifier's folders anew."""
 
     def quiesce(self, phase: Phase, proc: subprocess.Popen[bytes]) -> None:
         self.supervisor.quiesce([proc.pid], self.attempt_id)
@@ -364,12 +386,31 @@ class Namespaces(_Supervised):
             # The executor's namespace, with its policy already loaded.
             join = ["nsenter", f"--net={self.network.namespace}", "--"]
             self._subject = self._holder(join, own, self._subject_view())
-        target = self._subject.ready()
-        self._verifier = self._holder(
+        self._verifier = self._verifier_holder(self._subject.ready())
+
+    def _verifier_holder(self, target: int) -> _Holder:
+        """A verifier's holder, in the network namespace of the holder `target`."""
+        return self._holder(
             ["nsenter", "--target", str(target), "--net", "--"],
             ["--unshare-pid", "--unshare-ipc", "--unshare-uts"],
             self._verifier_view(),
         )
+
+    def next_step(self) -> None:
+        subject, verifier = self._subject, self._verifier
+        if subject is None or not subject.alive():
+            # Cut off by its timeout: new namespaces, in the same network namespace (the
+            # verifier's holder kept it), over the same workspace.
+            if verifier is None or not verifier.alive():
+                raise OSError("the sandbox's namespaces are gone; the next step cannot run")
+            own = ["--unshare-pid", "--unshare-ipc", "--unshare-uts"]
+            join = ["nsenter", "--target", str(verifier.ready()), "--net", "--"]
+            self._subject = subject = self._holder(join, own, self._subject_view())
+        if verifier is not None:
+            verifier.end()  # with whatever the last verifier left running
+        Path(self.layout.tests).mkdir(parents=True, exist_ok=True)
+        Path(self.layout.verifier_logs).mkdir(parents=True, exist_ok=True)
+        self._verifier = self._verifier_holder(subject.ready())
 
     # -- running programs -------------------------------------------------------------
     def spawn(
@@ -381,6 +422,7 @@ class Namespaces(_Supervised):
         cwd: str,
         stdout: IO[bytes] | int,
         stderr: IO[bytes] | int,
+        user: str | None = None,
     ) -> subprocess.Popen[bytes]:
         holder = self._subject if phase is Phase.SUBJECT else self._verifier
         if holder is None or not holder.alive():
@@ -392,9 +434,10 @@ class Namespaces(_Supervised):
         # (The verifier's holder lives in the subject's network namespace.)
         namespaces = ("--pid", "--mount", "--ipc", "--uts", "--net")
         command = ["nsenter", "--target", str(target), *namespaces, "-r", "-w", "--"]
-        if phase is Phase.SUBJECT and SUBJECT_CAP_DROP:
-            drop = ",".join(f"-{cap}" for cap in SUBJECT_CAP_DROP)
-            command += ["setpriv", f"--inh-caps={drop}", f"--bounding-set={drop}", "--"]
+        if phase is Phase.SUBJECT:
+            keep = "".join(f",+{cap}" for cap in SUBJECT_CAPS)
+            command += ["setpriv", "--inh-caps=-all", "--ambient-caps=-all"]
+            command += [f"--bounding-set=-all{keep}", "--"]
         command += argv
         proc = self.supervisor.spawn(command, cwd=cwd, env=env, stdout=stdout, stderr=stderr)
         self._programs.append(proc)

@@ -7,15 +7,17 @@ Two wire forms mean the same experiment: the bare form (`schemaVersion: maka.eva
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Discriminator, Field, Tag
+from pydantic.json_schema import SkipJsonSchema
 
 from maka_eval.spec.base import (
     ExperimentId,
     Id,
     K8sName,
     NonBlank,
+    PluginKind,
     PositiveSeconds,
     Quantity,
     SpecModel,
@@ -23,6 +25,7 @@ from maka_eval.spec.base import (
     Text,
 )
 from maka_eval.spec.egress import EgressConfig
+from maka_eval.spec.metering import MeteringConfig
 from maka_eval.spec.subjects import Subject
 
 SCHEMA_VERSION = "maka.eval.v1"
@@ -31,10 +34,14 @@ API_VERSION = f"{API_GROUP}/v1alpha1"
 
 
 class DirectoryBenchmarkConfig(SpecModel):
-    """Tasks are Harbor-format task directories under one folder."""
+    """Where the tasks are: Harbor-format task directories under one folder, or inline."""
 
-    path: NonBlank = Field(
-        description="Folder holding one directory per task, relative to the experiment file."
+    path: NonBlank | None = Field(
+        default=None,
+        description=(
+            "Folder holding one directory per task, relative to the experiment file. "
+            "Required when kind is 'directory'; absent for inline tasks."
+        ),
     )
 
 
@@ -43,8 +50,22 @@ class Benchmark(SpecModel):
 
     id: Id = Field(description="Benchmark id.")
     version: NonBlank = Field(description="Benchmark version (a string: quote numbers).")
-    kind: Literal["directory"] = Field(description="Where the tasks come from.")
-    config: DirectoryBenchmarkConfig
+    kind: Literal["directory", "inline"] | None = Field(
+        default=None,
+        description=(
+            "Where the tasks come from. 'directory': task directories under config.path. "
+            "'inline': each task's input and config in this document, passed to the "
+            "executor. Default: 'directory' when config.path is set, else 'inline'."
+        ),
+    )
+    config: DirectoryBenchmarkConfig = Field(default_factory=DirectoryBenchmarkConfig)
+
+    @property
+    def source(self) -> Literal["directory", "inline"]:
+        """`kind`, or its default."""
+        if self.kind is not None:
+            return self.kind
+        return "directory" if self.config.path is not None else "inline"
 
 
 class Task(SpecModel):
@@ -55,6 +76,21 @@ class Task(SpecModel):
         default=None,
         description=(
             "Task directory relative to the benchmark folder, inside it (default: the id)."
+        ),
+    )
+    input: Text | None = Field(
+        default=None,
+        description=(
+            "Inline tasks: the instruction given to the subject. Task directories have "
+            "theirs in instruction.md."
+        ),
+    )
+    config: dict[str, Any] = Field(
+        default_factory=dict,
+        description=(
+            "Passed to the executor unchanged (default: empty). For executor.kind harbor: "
+            "a Harbor task path or a dataset reference. An inline task with an empty config "
+            "has no tests to score it with."
         ),
     )
 
@@ -174,6 +210,15 @@ class KubernetesExecutorConfig(SpecModel):
     relay_image: ImageName = Field(
         description="Image holding the relay bundle at /opt/maka-eval (copied into each Pod)."
     )
+    relay_bundle_digest: str | None = Field(
+        default=None,
+        pattern=r"^sha256:[0-9a-f]{64}$",
+        description=(
+            "Pinned digest of the relay bundle (sha256 of its checksums.sha256, printed by "
+            "hack/build-images.sh). Each Pod checks its copy of the bundle before the "
+            "subject starts; a mismatch fails the attempt as infrastructure, naming both."
+        ),
+    )
     egress_image: ImageName = Field(
         description="Image of the egress proxy sidecar (mitmproxy with maka-eval's addons)."
     )
@@ -236,7 +281,33 @@ class KubernetesExecutor(SpecModel):
     config: KubernetesExecutorConfig
 
 
-Executor = Annotated[LocalExecutor | KubernetesExecutor, Field(discriminator="kind")]
+class PluginExecutor(SpecModel):
+    """An executor registered in the `maka_eval.executors` entry-point group (a plug-in,
+    docs/executors.md). Its config is validated by the plug-in's own model when the
+    document is loaded; the CRD lists only the built-in kinds (the operator runs
+    `kubernetes`), so plug-in kinds run with `maka-eval run`."""
+
+    union_tag: ClassVar[str] = "plugin"
+    """The discriminator's tag for every plug-in kind (see `_executor_tag`)."""
+
+    kind: PluginKind = Field(description="The kind a plug-in registers.")
+    config: dict[str, Any] = Field(
+        default_factory=dict, description="The plug-in's configuration (its own model)."
+    )
+
+
+def _executor_tag(value: Any) -> str:
+    kind = value.get("kind") if isinstance(value, dict) else getattr(value, "kind", None)
+    return kind if kind in ("local", "kubernetes") else "plugin"
+
+
+Executor = Annotated[
+    Annotated[LocalExecutor, Tag("local")]
+    | Annotated[KubernetesExecutor, Tag("kubernetes")]
+    | Annotated[SkipJsonSchema[PluginExecutor], Tag("plugin")],
+    Discriminator(_executor_tag),
+]
+"""`local`, `kubernetes`, or any kind a plug-in registers (maka_eval.executors.registry)."""
 
 
 class Timeouts(SpecModel):
@@ -290,7 +361,14 @@ class HarborVerifierConfig(SpecModel):
 class HarborVerifier(SpecModel):
     """Run the task's tests/test.sh; read reward.json, then reward.txt."""
 
-    kind: Literal["harbor"]
+    kind: Literal["harbor"] = Field(
+        default="harbor",
+        description=(
+            "The only verifier: Harbor's (the task's tests/test.sh writes "
+            "/logs/verifier/reward.json or reward.txt). Default: 'harbor', so `verifier: {}` "
+            "is enough."
+        ),
+    )
     config: HarborVerifierConfig = Field(default_factory=HarborVerifierConfig)
 
 
@@ -298,13 +376,42 @@ class ExperimentSpec(SpecModel):
     """Everything an experiment means, apart from its id."""
 
     benchmark: Benchmark
-    executor: Executor
+    executor: Executor = Field(
+        description=(
+            "How cells run: 'local' (this machine), 'kubernetes' (the operator), or a "
+            "plug-in's kind (docs/executors.md)."
+        ),
+        json_schema_extra={"discriminator": {"propertyName": "kind"}},
+    )
     execution: Execution
     subjects: tuple[Subject, ...] = Field(min_length=1, description="Agents under test.")
     tasks: tuple[Task, ...] = Field(min_length=1, description="Tasks, in order.")
     repetitions: int = Field(ge=1, le=100_000, description="Samples per task and subject.")
-    budget: Budget = Field(default_factory=Budget)
-    verifier: HarborVerifier
+    budget: Budget = Field(
+        default_factory=Budget, description="Default: no limit (`budget: {}` is the same)."
+    )
+    verifier: HarborVerifier = Field(
+        default_factory=HarborVerifier, description="Default: Harbor's verifier."
+    )
+    metering: MeteringConfig | None = Field(
+        default=None,
+        description=(
+            "Model prices for the usage the egress proxy meters (docs/egress.md); "
+            "without them, metered usage is recorded with a null cost."
+        ),
+    )
+
+    @property
+    def executor_egress(self) -> EgressConfig | None:
+        """`executor.config.egress` of a built-in executor (plug-ins police their own)."""
+        config = self.executor.config
+        return None if isinstance(config, dict) else config.egress
+
+    @property
+    def runtime_host(self) -> RuntimeHost | None:
+        """`executor.config.runtimeHost` of a built-in executor."""
+        config = self.executor.config
+        return None if isinstance(config, dict) else config.runtime_host
 
 
 class BareExperiment(ExperimentSpec):

@@ -30,6 +30,7 @@ from maka_eval.spec.experiment import (
     Experiment,
     ExperimentSpec,
     KubernetesExperiment,
+    PluginExecutor,
 )
 from maka_eval.spec.problems import problems_from
 from maka_eval.spec.rules import cross_field_problems
@@ -64,8 +65,19 @@ def _form_of(doc: Mapping[str, Any], source: str) -> Form:
     )
 
 
-def experiment_from_data(data: Any, source: str = "<experiment>") -> tuple[Experiment, Form]:
-    """Validate already-parsed data; raise SpecError listing every problem."""
+def experiment_from_data(
+    data: Any, source: str = "<experiment>", *, frozen: bool = False
+) -> tuple[Experiment, Form]:
+    """Validate already-parsed data; raise SpecError listing every problem.
+
+    `frozen`: the document is a run's experiment.json, validated when it was frozen; its
+    executor plug-in need not be installed here to read the run's records and results.
+    """
+    if frozen:
+        from maka_eval.executors.registry import reading_records
+
+        with reading_records():
+            return experiment_from_data(data, source)
     if not isinstance(data, Mapping):
         raise SpecError(
             f"{source} is not an experiment document",
@@ -97,6 +109,10 @@ def experiment_from_data(data: Any, source: str = "<experiment>") -> tuple[Exper
         if isinstance(spec, Mapping):
             problems += cross_field_problems(spec, "spec.")
 
+    if experiment is not None and not problems:
+        prefix = "spec." if form == "kubernetes" else ""
+        experiment, more = _tasks_and_executor(experiment, prefix)
+        problems += more
     unique = list(dict.fromkeys(problems))
     if unique or experiment is None:
         count = len(unique)
@@ -105,6 +121,79 @@ def experiment_from_data(data: Any, source: str = "<experiment>") -> tuple[Exper
             unique,
         )
     return experiment, form
+
+
+def _tasks_and_executor(experiment: Experiment, prefix: str) -> tuple[Experiment, list[Problem]]:
+    """Where the tasks come from, and a plug-in executor's own config and rules.
+
+    A plug-in's config is parsed by its own model and stored with its defaults filled in
+    (they are part of the frozen experiment)."""
+    problems: list[Problem] = []
+    spec = experiment.spec
+    benchmark = spec.benchmark
+    path = f"{prefix}benchmark.config.path"
+    if benchmark.source == "directory" and benchmark.config.path is None:
+        problems.append(Problem(path, "required when benchmark.kind is 'directory'; add it"))
+    if benchmark.source == "inline" and benchmark.config.path is not None:
+        problems.append(
+            Problem(path, "inline tasks have no task folder: remove it, or set kind: directory")
+        )
+    for i, task in enumerate(spec.tasks):
+        where = f"{prefix}tasks[{i}]"
+        if benchmark.source == "inline":
+            if spec.executor.kind in ("local", "kubernetes"):
+                problems.append(
+                    Problem(
+                        where,
+                        f"inline task '{task.id}' cannot run under executor.kind "
+                        f"'{spec.executor.kind}', which runs Harbor-format task directories: "
+                        "put it in a folder (instruction.md, tests/test.sh) under "
+                        "benchmark.config.path, or use an executor that takes inline tasks "
+                        "(docs/executors.md)",
+                    )
+                )
+            if task.input is None:
+                problems.append(
+                    Problem(f"{where}.input", "required for inline tasks (the instruction)")
+                )
+            if task.path is not None:
+                problems.append(
+                    Problem(f"{where}.path", "inline tasks have no directory; remove it")
+                )
+        elif task.input is not None:
+            problems.append(
+                Problem(
+                    f"{where}.input",
+                    "a task directory's instruction is its instruction.md; remove input "
+                    "(or make the benchmark inline)",
+                )
+            )
+    executor = spec.executor
+    if not isinstance(executor, PluginExecutor):
+        return experiment, problems
+    from maka_eval.executors.registry import ExecutorLoadError, installed, load, may_be_uninstalled
+
+    if may_be_uninstalled() and executor.kind not in installed():
+        return experiment, problems  # a frozen run's experiment, read without its plug-in
+    config_path = f"{prefix}executor.config"
+    try:
+        plugin = load(executor.kind)
+        model = plugin.config_model
+        try:
+            config = model.model_validate_json(json.dumps(executor.config))
+        except ValidationError as exc:
+            return experiment, problems + problems_from(exc, model, tuple(config_path.split(".")))
+        problems += [
+            Problem(p.where if prefix else p.where.removeprefix("spec."), p.message)
+            for p in plugin.validate(config, experiment)
+        ]
+    except ExecutorLoadError as exc:
+        return experiment, [*problems, Problem(f"{prefix}executor.kind", str(exc))]
+    filled = PluginExecutor(
+        kind=executor.kind, config=config.model_dump(mode="json", by_alias=True)
+    )
+    new_spec = spec.model_copy(update={"executor": filled})
+    return experiment.model_copy(update={"spec": new_spec}), problems
 
 
 def load_experiment_text(text: str, source: str, base_dir: Path) -> LoadedExperiment:

@@ -38,6 +38,9 @@ def _is_model(tp: Any) -> bool:
 
 
 def _tag_of(model: type[BaseModel]) -> str | None:
+    tag = getattr(model, "union_tag", None)  # a variant whose kind is open (PluginExecutor)
+    if isinstance(tag, str):
+        return tag
     field = model.model_fields.get("kind")
     if field is None:
         return None

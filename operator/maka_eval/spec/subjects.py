@@ -36,9 +36,10 @@ class ExternalSubjectConfig(SpecModel):
     result_contract: ResultContract = Field(
         default=ResultContract.EXIT_CODE,
         description=(
-            "'exit-code': stdout is not parsed, usage and cost are null, exit 0 means "
-            "completed. 'protocol-v1': the subject writes a bounded result frame "
-            "(at most 64 KiB) to the file named by MAKA_EVAL_RESULT_FILE."
+            "'exit-code': stdout is not parsed, exit 0 means completed; usage and cost "
+            "are what the egress proxy metered (else null). 'protocol-v1': the subject "
+            "writes a bounded result frame (at most 64 KiB) to the file named by "
+            "MAKA_EVAL_RESULT_FILE."
         ),
     )
 
@@ -47,7 +48,11 @@ class MakaSubjectConfig(SpecModel):
     """A Maka subject, run through the executor's Runtime Host with a frozen profile."""
 
     profile: SessionProfile = Field(
-        description="Frozen session profile the Runtime Host runs the subject with."
+        default="headless-coding-v1",
+        description=(
+            "Frozen session profile the Runtime Host runs the subject with "
+            "(default: headless-coding-v1)."
+        ),
     )
     model: NonBlank | None = Field(default=None, description="Model the Runtime Host uses.")
     args: tuple[Text, ...] = Field(

@@ -16,6 +16,7 @@ import os
 import re
 import stat
 import tomllib
+import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -66,6 +67,11 @@ class TaskDefinition:
     `allowlist`."""
     warnings: tuple[str, ...] = ()
     """Fields of task.toml that are unknown or not honoured, each naming the file."""
+    steps: tuple[TaskStep, ...] = ()
+    """`[[steps]]`: a multi-step task (empty: a single-step task)."""
+    step_reward_strategy: str = "mean"
+    """`multi_step_reward_strategy`: `mean` (per-key means over the steps that were
+    verified, a missing key counting 0) or `final` (the last step's rewards)."""
 
     @property
     def needs_image(self) -> bool:
@@ -366,20 +372,179 @@ class _TaskToml:
             )
 
 
-def _multi_step(toml_path: Path) -> Problem | None:
-    """Why a multi-step task (`[[steps]]` in task.toml) cannot run yet, or None."""
-    try:
-        config = tomllib.loads(toml_path.read_text(encoding="utf-8"))
-    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError):
-        return None  # missing or broken: load_task reports it
-    if "steps" not in config:
+_STEP_NAME_INVALID = re.compile(r'[<>:"/\\|?*\x00-\x1f\x7f]')
+_STEP_FIELDS = frozenset({"name", "agent", "verifier", "min_reward"})
+_STEP_NOT_HONOURED = frozenset({"healthcheck", "artifacts"})
+STEP_REWARD_STRATEGIES = ("mean", "final")
+
+
+@dataclass(frozen=True)
+class TaskStep:
+    """One `[[steps]]` entry of a multi-step task, as Harbor 0.26 defines it: run in
+    order in the same sandbox, each with its own instruction, workdir files, setup,
+    timeouts, users and verifier (the task's tests/ overlaid by the step's)."""
+
+    name: str
+    instruction_file: Path
+    tests_dirs: tuple[Path, ...]
+    """Copied into /tests in this order: the task's tests/, then steps/<name>/tests/
+    (so the step's test.sh, when it has one, is the one that runs)."""
+    workdir_dir: Path | None
+    """steps/<name>/workdir/: uploaded into the workdir before the step (its setup.sh,
+    if any, then runs with bash)."""
+    solution_dir: Path | None
+    """steps/<name>/solution/ when it holds solve.sh, else the task's solution/ (the
+    oracle's, as in Harbor); None when neither has one."""
+    agent_timeout_sec: float | None
+    verifier_timeout_sec: float | None
+    agent_user: str | None
+    verifier_user: str | None
+    verifier_env: Mapping[str, str] = field(default_factory=dict)
+    """The task's [verifier] env with the step's on top (templates filled)."""
+    min_reward: float | Mapping[str, float] | None = None
+    """Abort the remaining steps when this step's rewards fall below it: a number gates
+    `reward`, a table gates each of its keys (a missing key counts as -inf)."""
+
+    @property
+    def setup_script(self) -> Path | None:
+        setup = self.workdir_dir / "setup.sh" if self.workdir_dir is not None else None
+        return setup if setup is not None and setup.is_file() else None
+
+
+def _step_name_problem(name: object) -> str | None:
+    """Harbor's rule for step names (models/task/step_name.py): one portable folder name."""
+    if not isinstance(name, str):
+        return f"name must be a string, got {name!r}"
+    if (
+        not name.strip()
+        or name in {".", ".."}
+        or name.endswith((".", " "))
+        or _STEP_NAME_INVALID.search(name)
+        or len(name.encode()) > 255
+    ):
+        return (
+            f"name {name!r} is not a portable folder name (no path separators, control "
+            "or reserved characters, trailing dots or spaces; at most 255 bytes)"
+        )
+    return None
+
+
+def _min_reward(
+    value: object, where: str, problems: list[Problem]
+) -> float | Mapping[str, float] | None:
+    def number(v: object) -> bool:
+        return not isinstance(v, bool) and isinstance(v, int | float) and math.isfinite(v)
+
+    if value is None:
         return None
-    count = len(config["steps"]) if isinstance(config["steps"], list) else "several"
-    return Problem(
-        "",
-        f"{toml_path} defines {count} [[steps]]: multi-step tasks are not supported by "
-        "maka-eval yet; run this task with Harbor itself, or leave it out of the experiment",
+    if number(value):
+        return float(value)  # type: ignore[arg-type]
+    if isinstance(value, Mapping) and all(
+        isinstance(k, str) and number(v) for k, v in value.items()
+    ):
+        return {k: float(v) for k, v in value.items()}
+    problems.append(
+        Problem(where, f"min_reward must be a number or a table of numbers, got {value!r}")
     )
+    return None
+
+
+def _steps(
+    root: Path,
+    toml: _TaskToml,
+    task_verifier_env: Mapping[str, str],
+    task_users: tuple[str | None, str | None],
+) -> tuple[tuple[TaskStep, ...], str, list[Problem]]:
+    """The `[[steps]]` of a task.toml, the reward strategy, and the problems found."""
+    raw = toml.config.get("steps")
+    problems: list[Problem] = []
+    where = f"{toml.path} [[steps]]"
+    if not isinstance(raw, list) or not raw or not all(isinstance(s, Mapping) for s in raw):
+        problems.append(Problem(where, "steps must be a non-empty array of tables ([[steps]])"))
+        return (), "mean", problems
+    strategy = toml.config.get("multi_step_reward_strategy") or "mean"
+    if strategy not in STEP_REWARD_STRATEGIES:
+        problems.append(
+            Problem(
+                f"{toml.path} multi_step_reward_strategy",
+                f"must be one of {', '.join(STEP_REWARD_STRATEGIES)}, got {strategy!r}",
+            )
+        )
+    steps: list[TaskStep] = []
+    seen: dict[str, int] = {}
+    task_tests = root / "tests"
+    task_solution = root / "solution"
+    for index, table in enumerate(raw):
+        at = f"{where}[{index}]"
+        name = table.get("name")
+        problem = _step_name_problem(name)
+        if problem is not None:
+            problems.append(Problem(at, problem))
+            continue
+        assert isinstance(name, str)
+        key = unicodedata.normalize("NFC", name).casefold()
+        if key in seen:
+            problems.append(
+                Problem(
+                    at, f"name {name!r} is used by [[steps]][{seen[key]}] too; names are unique"
+                )
+            )
+            continue
+        seen[key] = index
+        step = _TaskToml(Path(f"{toml.path} [[steps]][{index}]"), table, toml.host_env)
+        for field_name, value in table.items():
+            if field_name in _STEP_NOT_HONOURED:
+                if value not in (None, "", [], {}):
+                    toml.warnings.append(
+                        f"{toml.path}: [[steps]] {name} {field_name} is not honoured by "
+                        "maka-eval; ignored"
+                    )
+            elif field_name not in _STEP_FIELDS:
+                toml.warnings.append(
+                    f"{toml.path}: unknown field [[steps]] {name} {field_name} (not a Harbor "
+                    "task.toml field; a typo?); ignored"
+                )
+        folder = root / "steps" / name
+        instruction = folder / "instruction.md"
+        if not instruction.is_file():
+            problems.append(Problem(at, f"{instruction} is missing; every step needs one"))
+        elif not instruction.read_text(encoding="utf-8", errors="replace").strip():
+            problems.append(Problem(at, f"{instruction} is empty; write the step's instruction"))
+        tests = tuple(d for d in (task_tests, folder / "tests") if d.is_dir())
+        if not any((d / "test.sh").is_file() for d in tests):
+            problems.append(
+                Problem(
+                    at,
+                    f"neither {folder / 'tests' / 'test.sh'} nor {task_tests / 'test.sh'} "
+                    "exists; the step's verifier runs one of them",
+                )
+            )
+        solution = next(
+            (d for d in (folder / "solution", task_solution) if (d / "solve.sh").is_file()), None
+        )
+        verifier_env = {**task_verifier_env, **step.env("verifier")}
+        agent_timeout = step.number("agent", "timeout_sec")
+        verifier_timeout = step.number("verifier", "timeout_sec")
+        agent_user, verifier_user = step.user("agent"), step.user("verifier")
+        min_reward = _min_reward(table.get("min_reward"), at, problems)
+        problems += step.problems
+        workdir = folder / "workdir"
+        steps.append(
+            TaskStep(
+                name=name,
+                instruction_file=instruction,
+                tests_dirs=tests,
+                workdir_dir=workdir if workdir.is_dir() else None,
+                solution_dir=solution,
+                agent_timeout_sec=agent_timeout,
+                verifier_timeout_sec=verifier_timeout,
+                agent_user=agent_user or task_users[0],
+                verifier_user=verifier_user or task_users[1],
+                verifier_env=verifier_env,
+                min_reward=min_reward,
+            )
+        )
+    return tuple(steps), str(strategy), problems
 
 
 def load_task(
@@ -393,20 +558,6 @@ def load_task(
     problems: list[Problem] = []
     if not root.is_dir():
         return None, [Problem(where, f"task directory {root} does not exist; check the path")]
-    steps = _multi_step(root / "task.toml")
-    if steps is not None:
-        # Each step has its own instruction and tests: checking the single-step files
-        # would only produce misleading messages.
-        return None, [Problem(where, steps.message)]
-    instruction = root / "instruction.md"
-    if not instruction.is_file():
-        problems.append(Problem(where, f"{instruction} is missing; every task needs one"))
-    elif not instruction.read_text(encoding="utf-8", errors="replace").strip():
-        problems.append(Problem(where, f"{instruction} is empty; write the task's instruction"))
-    test_script = root / "tests" / "test.sh"
-    if not test_script.is_file():
-        problems.append(Problem(where, f"{test_script} is missing; the verifier runs it"))
-
     config: dict[str, Any] = {}
     toml_path = root / "task.toml"
     if toml_path.is_file():
@@ -414,6 +565,18 @@ def load_task(
             config = tomllib.loads(toml_path.read_text(encoding="utf-8"))
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
             problems.append(Problem(str(toml_path), f"not valid TOML: {exc}"))
+    # A multi-step task's instructions and tests are its steps' (checked with them).
+    multi_step = "steps" in config
+    instruction = root / "instruction.md"
+    if multi_step:
+        pass
+    elif not instruction.is_file():
+        problems.append(Problem(where, f"{instruction} is missing; every task needs one"))
+    elif not instruction.read_text(encoding="utf-8", errors="replace").strip():
+        problems.append(Problem(where, f"{instruction} is empty; write the task's instruction"))
+    test_script = root / "tests" / "test.sh"
+    if not multi_step and not test_script.is_file():
+        problems.append(Problem(where, f"{test_script} is missing; the verifier runs it"))
 
     toml = _TaskToml(toml_path, config, os.environ if host_env is None else host_env)
     toml.check_fields()
@@ -435,6 +598,14 @@ def load_task(
         "network_mode": toml.network_mode(),
         "gpus": toml.gpus(),
     }
+    steps: tuple[TaskStep, ...] = ()
+    strategy = "mean"
+    if multi_step:
+        users = (definition_fields["agent_user"], definition_fields["verifier_user"])
+        steps, strategy, found = _steps(root, toml, verifier_env, users)
+        problems += found
+        if steps:
+            instruction = steps[0].instruction_file
     problems += toml.problems
 
     environment_dir = root / "environment"
@@ -451,7 +622,7 @@ def load_task(
             instruction_file=instruction,
             tests_dir=root / "tests",
             environment_dir=environment_dir if environment_dir.is_dir() else None,
-            solution_dir=solution_dir if (solution_dir / "solve.sh").is_file() else None,
+            solution_dir=_oracle_solution(solution_dir, steps),
             agent_timeout_sec=agent_timeout,
             verifier_timeout_sec=verifier_timeout,
             verifier_env=verifier_env,
@@ -468,21 +639,37 @@ def load_task(
             storage_mb=storage_mb,
             build_timeout_sec=build_timeout or DEFAULT_BUILD_TIMEOUT_SEC,
             warnings=tuple(toml.warnings),
+            steps=steps,
+            step_reward_strategy=strategy,
             **definition_fields,
         ),
         [],
     )
 
 
+def _oracle_solution(solution_dir: Path, steps: tuple[TaskStep, ...]) -> Path | None:
+    """The solution folder the oracle starts from: the task's; for a multi-step task,
+    the first step's (each step's own is put in its place when the step starts), and
+    None unless every step has one."""
+    if not steps:
+        return solution_dir if (solution_dir / "solve.sh").is_file() else None
+    if any(step.solution_dir is None for step in steps):
+        return None
+    return steps[0].solution_dir
+
+
 def benchmark_root(experiment: Experiment, base_dir: Path) -> Path:
     """The folder holding the task directories."""
-    return (base_dir / experiment.spec.benchmark.config.path).resolve()
+    # Inline tasks have no folder: nothing under the experiment's own folder is theirs.
+    return (base_dir / (experiment.spec.benchmark.config.path or ".")).resolve()
 
 
 def load_tasks(
     experiment: Experiment, base_dir: Path, prefix: str = ""
 ) -> dict[str, TaskDefinition]:
     """Read every task of the experiment; raise TaskError naming each problem."""
+    if experiment.spec.benchmark.source == "inline":
+        return {}  # inline tasks live in the document (their executor reads task.config)
     root = benchmark_root(experiment, base_dir)
     if not root.is_dir():
         raise TaskError(

@@ -38,6 +38,9 @@ HELPER_FROM_CELLS = 10_000
 """Runs with fewer cells are read by one process: starting the helper costs about as
 much as reading 3,000 records."""
 
+FREEZE_FROM_RECORDS = 10_000
+"""From this many records on, a read ends with gc.freeze() (see read_cells)."""
+
 _RECORD_OPEN_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
 """A record is a regular file: a symlink is refused, not followed (it could point
 anywhere on the host), and a FIFO cannot make the reader wait."""
@@ -68,7 +71,7 @@ class CellsRead:
 def read_cells(cells_root: str, run_id: str) -> CellsRead:
     """Read every `<task>/<rep>/<subject>/attempts` directory under `cells_root`, in
     path order (a cell without one has no attempts)."""
-    with _collector_paused():
+    with collector_paused():
         tasks = _subdirectory_names(cells_root)
         if not _worth_a_helper(cells_root, tasks):
             return _read_tasks(cells_root, tasks, run_id)
@@ -79,6 +82,11 @@ def read_cells(cells_root: str, run_id: str) -> CellsRead:
         if rest is None:  # the helper failed: read its half here
             rest = _read_tasks(cells_root, tasks[half:], run_id)
         read.extend(rest)
+        if sum(map(len, read.records.values())) >= FREEZE_FROM_RECORDS:
+            # A large run's records are most of the heap, live as long as their reader
+            # and hold no cycles: move them (and what else is alive) out of the
+            # collector's sight, or each full collection after this walks them again.
+            gc.freeze()
         return read
 
 
@@ -157,12 +165,15 @@ def _read_record(path: str) -> bytes:
         chunks = []
         size = 0
         while size <= MAX_RECORD_BYTES:
-            chunk = os.read(fd, MAX_RECORD_BYTES + 1 - size)
-            if not chunk:
-                break
+            wanted = MAX_RECORD_BYTES + 1 - size
+            chunk = os.read(fd, wanted)
             chunks.append(chunk)
             size += len(chunk)
-        return b"".join(chunks)
+            # A short read of a regular file is its end: no second read to be told so
+            # (a record is complete before it gets its name).
+            if len(chunk) < wanted:
+                break
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
     finally:
         os.close(fd)
 
@@ -224,9 +235,10 @@ def _usable_cpus() -> int:
 
 
 @contextlib.contextmanager
-def _collector_paused() -> Iterator[None]:
+def collector_paused() -> Iterator[None]:
     """Pause the cyclic garbage collector: records hold no reference cycles, and reading
-    100,000 of them would otherwise make it rescan the growing heap again and again."""
+    100,000 of them (or building a row per cell from them) would otherwise make it rescan
+    the growing heap again and again."""
     enabled = gc.isenabled()
     gc.disable()
     try:

@@ -1,0 +1,1 @@
+"""Executor plug-ins: the interface (base) and the registry (entry points)."""

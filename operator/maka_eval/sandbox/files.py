@@ -1,0 +1,127 @@
+"""Copying files into and out of folders a subject can write, without following its links.
+
+The relay runs as root; a subject may have left a symbolic link where the relay is about
+to write (a step's workdir files) or read (/logs/agent). Every folder here is opened
+relative to its parent with O_NOFOLLOW, and every file is created with O_EXCL, so a link
+never sends the relay's write or read anywhere else.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import shutil
+import stat
+from pathlib import Path
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _open_folder(name: str, dir_fd: int | None = None) -> int:
+    try:
+        return os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno in (errno.ENOTDIR, errno.ELOOP):  # a file or a link where a folder goes
+            raise OSError(exc.errno, f"{name} is not a folder (a link or a file?)") from None
+        raise
+
+
+def _write_file(source: Path, dir_fd: int, name: str) -> None:
+    """`source` as the file `name` in the folder `dir_fd`, replacing a file there."""
+    try:
+        os.unlink(name, dir_fd=dir_fd)
+    except FileNotFoundError:
+        pass
+    except IsADirectoryError:
+        why = f"{name} is a folder; a file of the same name cannot replace it"
+        raise OSError(errno.EISDIR, why) from None
+    mode = stat.S_IMODE(source.stat().st_mode)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(name, flags, mode, dir_fd=dir_fd)
+    with os.fdopen(fd, "wb") as sink, source.open("rb") as handle:
+        shutil.copyfileobj(handle, sink)
+    os.chmod(name, mode, dir_fd=dir_fd, follow_symlinks=False)
+
+
+def _copy_folder(source: Path, dir_fd: int) -> None:
+    for entry in sorted(os.scandir(source), key=lambda e: e.name):
+        path = Path(entry.path)
+        if entry.is_symlink():
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(entry.name, dir_fd=dir_fd)
+            os.symlink(os.readlink(path), entry.name, dir_fd=dir_fd)
+        elif entry.is_dir():
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(entry.name, stat.S_IMODE(entry.stat().st_mode), dir_fd=dir_fd)
+            child = _open_folder(entry.name, dir_fd)
+            try:
+                _copy_folder(path, child)
+            finally:
+                os.close(child)
+        elif entry.is_file():
+            _write_file(path, dir_fd, entry.name)
+
+
+def copy_into(source: Path, target: str) -> None:
+    """A host file to `target`, or a host folder's content merged into the folder
+    `target` (made when missing); OSError when a link or a file is in the way."""
+    if source.is_dir():
+        Path(target).parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(target, 0o755)
+        fd = _open_folder(target)
+        try:
+            _copy_folder(source, fd)
+        finally:
+            os.close(fd)
+        return
+    parent, name = os.path.split(target)
+    fd = _open_folder(parent or ".")
+    try:
+        _write_file(source, fd, name)
+    finally:
+        os.close(fd)
+
+
+def copy_out(source: str, target: Path, max_bytes: int) -> int:
+    """The regular files under the folder `source` into the folder `target` (made),
+    skipping links and anything past `max_bytes` in all; the bytes copied."""
+    try:
+        fd = _open_folder(source)
+    except OSError:
+        return 0
+    target.mkdir(parents=True, exist_ok=True)
+    try:
+        return _copy_out(fd, target, max_bytes)
+    finally:
+        os.close(fd)
+
+
+def _copy_out(dir_fd: int, target: Path, budget: int) -> int:
+    copied = 0
+    for name in sorted(os.listdir(dir_fd)):
+        try:
+            info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        except OSError:
+            continue
+        if stat.S_ISDIR(info.st_mode):
+            try:
+                child = _open_folder(name, dir_fd)
+            except OSError:
+                continue
+            try:
+                copied += _copy_out(child, target / name, budget - copied)
+            finally:
+                os.close(child)
+        elif stat.S_ISREG(info.st_mode) and copied + info.st_size <= budget:
+            try:
+                fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+            except OSError:
+                continue
+            target.mkdir(parents=True, exist_ok=True)
+            with os.fdopen(fd, "rb") as handle, (target / name).open("xb") as sink:
+                data = handle.read(budget - copied + 1)
+                sink.write(data[: budget - copied])
+            copied += min(len(data), budget - copied)
+    return copied

@@ -1,0 +1,3 @@
+#!/bin/bash
+echo started > /app/progress.txt
+echo 42 > /app/answer.txt

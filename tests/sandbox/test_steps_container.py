@@ -1,0 +1,64 @@
+"""Multi-step tasks (task.toml `[[steps]]`) end to end in the container sandbox (Podman).
+
+The fixture tests/fixtures/steps/notes-image is the process sandbox's notes task with an
+environment/Dockerfile FROM debian:bookworm-slim: the three steps run in one container.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from maka_eval.sandbox import container as container_backend
+from tests.local.test_steps import (
+    SNOOP,
+    StepsBench,
+    check_mean_and_final,
+    check_min_reward_table_and_failed_setup,
+    check_oracle_and_nop,
+    external,
+)
+
+pytestmark = pytest.mark.slow
+
+
+def container_bench(tmp_path: Path, engine: str) -> StepsBench:
+    env = {
+        "PATH": "/usr/local/bin:/usr/bin:/bin",
+        "MAKA_EVAL_WORK_DIR": os.environ["MAKA_EVAL_WORK_DIR"],
+        "DOCKER_HOST": engine,
+    }
+    executor = {"kind": "local", "config": {"sandbox": "container"}}
+    return StepsBench(tmp_path, "notes-image", executor, env)
+
+
+def test_oracle_scores_1_and_nop_0_with_a_min_reward_abort(container_engine, tmp_path):
+    check_oracle_and_nop(container_bench(tmp_path, container_engine), "container")
+    assert container_backend.leftover_containers(container_engine) == []
+
+
+def test_mean_and_final_reward_strategies(container_engine, tmp_path):
+    check_mean_and_final(container_bench(tmp_path, container_engine))
+
+
+def test_a_min_reward_table_and_a_failing_setup_end_the_steps(container_engine, tmp_path):
+    check_min_reward_table_and_failed_setup(container_bench(tmp_path, container_engine))
+
+
+def test_no_step_sees_another_steps_tests_or_forges_a_reward(container_engine, tmp_path):
+    bench = container_bench(tmp_path, container_engine)
+    bench.task("notes")
+    found = bench.run([external("snoop", SNOOP)])
+    record = found["notes::1::snoop"]
+    assert record.result.metrics["step.finish.reward"] == 0.0, record.result
+    assert record.result.metrics["step.append.reward"] == 1.0
+    out = "".join(
+        bench.artifact(record, a.name)
+        for a in record.result.artifacts
+        if a.name.startswith("steps/") and a.name.endswith("subject.stdout")
+    )
+    assert "append-only.txt" not in out and "lib.sh" not in out
+    # The loop left running wrote the shared /logs/verifier: discarded and noted.
+    assert any("suspected tampering" in n for n in record.result.notes), record.result.notes
