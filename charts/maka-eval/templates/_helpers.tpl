@@ -113,7 +113,7 @@ it makes (maka_eval.k8s.cluster.Cluster and kopf's watches); docs/helm.md explai
 - apiGroups: [""]
   resources: [secrets]
   verbs: [get, create]
-# One Event per transition of an Experiment.
+# Events for the changes a user looks for (attempt started/finished, retries, results).
 - apiGroups: [""]
   resources: [events]
   verbs: [create]

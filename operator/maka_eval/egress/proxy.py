@@ -402,8 +402,9 @@ async def _serve(args: argparse.Namespace) -> int:
     try:
         await proxy.run()
     finally:
-        # Only a confdir it was given: mitmproxy's default (~/.mitmproxy) is the user's.
-        if any(item.startswith("confdir=") for item in args.set):
+        # Only a confdir it was given: mitmproxy's default (~/.mitmproxy) is the user's;
+        # and not a sidecar's, whose restart must keep the CA the subject already trusts.
+        if not args.keep_confdir and any(item.startswith("confdir=") for item in args.set):
             shutil.rmtree(os.path.expanduser(opts.confdir), ignore_errors=True)
     return 0
 
@@ -418,6 +419,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--mode", action="append", default=[], help="e.g. upstream:URL")
     parser.add_argument(
         "--set", action="append", default=[], metavar="OPTION=VALUE", help="a mitmproxy option"
+    )
+    parser.add_argument(
+        "--keep-confdir",
+        action="store_true",
+        help="keep the confdir (the CA key) on exit: a restarted proxy reuses its CA",
     )
     parser.add_argument(
         "--lifeline",

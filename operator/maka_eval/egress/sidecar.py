@@ -1,4 +1,4 @@
-"""An attempt Pod's egress sidecar: mitmdump with the egress addons, chained to the gateway.
+"""An attempt Pod's egress sidecar: mitmproxy with the egress addons, chained to the gateway.
 
 The operator renders it as a native sidecar (an init container with restartPolicy
 Always) of every attempt Pod whose experiment sets `executor.config.egress.mode: proxy`:
@@ -11,8 +11,9 @@ Always) of every attempt Pod whose experiment sets `executor.config.egress.mode:
         --checkpoint /maka/egress-meter/provider-usage.json \\
         --result-token-file /var/run/maka-eval/egress-secret/result-token
 
-It replaces itself with `mitmdump` (so the container's SIGTERM reaches mitmproxy, which
-settles its figures) running the same addons as the local per-cell proxy
+It replaces itself with the same lean proxy a local cell runs (`python -m
+maka_eval.egress.proxy`: only the built-in addons a forward proxy needs), so the
+container's SIGTERM reaches mitmproxy, which settles its figures; the same addons
 (egress/addon.py): blocklist, audit log, web-tool stripping, metering, and CA
 publishing. It listens on loopback only; upstream mode sends every request on to the
 gateway with the attempt's credential, which mitmproxy reads from the file (never from
@@ -46,21 +47,21 @@ CA_CERT_NAME = "mitmproxy-ca-cert.pem"
 start fast and load nothing of mitmproxy)."""
 
 
-def mitmdump_argv(args: argparse.Namespace) -> list[str]:
-    """The mitmdump command line of the sidecar."""
-    from maka_eval.egress.proxy import ADDON_SCRIPT, mitmdump_path
+def proxy_argv(args: argparse.Namespace) -> list[str]:
+    """The sidecar's proxy command line: the same lean mitmproxy as a local cell's
+    (egress/proxy.py: only the built-in addons a forward proxy needs, plus ours)."""
+    from maka_eval.egress.proxy import proxy_command
 
     state = Path(args.state_dir)
     return [
-        str(mitmdump_path()),
+        *proxy_command(),
         "--listen-host",
         args.host,
         "--listen-port",
         str(args.port),
         "--mode",
         f"upstream:{args.upstream}",
-        "-s",
-        str(ADDON_SCRIPT),
+        "--keep-confdir",
         "--set",
         f"confdir={state / 'confdir'}",
         "--set",
@@ -81,10 +82,6 @@ def mitmdump_argv(args: argparse.Namespace) -> list[str]:
             if args.checkpoint
             else []
         ),
-        "--set",
-        "flow_detail=0",
-        "--set",
-        "termlog_verbosity=warn",
     ]
 
 
@@ -121,7 +118,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Probe, or become mitmdump."""
+    """Probe, or become the proxy."""
     args = parser().parse_args(argv)
     if args.probe:
         why = probe(args.host, args.port, args.publish_dir)
@@ -153,7 +150,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     state = Path(args.state_dir)
     (state / "confdir").mkdir(mode=0o700, parents=True, exist_ok=True)
     (state / "audit").mkdir(mode=0o700, exist_ok=True)
-    argv_ = mitmdump_argv(args)
+    argv_ = proxy_argv(args)
     sys.stdout.flush()
     os.execv(argv_[0], argv_)
     return 127  # pragma: no cover - execv does not return

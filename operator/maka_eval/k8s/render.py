@@ -17,7 +17,7 @@ The attempt Pod:
 
 With `executor.config.egress.mode: proxy` the Pod also gets
 - the egress proxy as a native sidecar (an init container with restartPolicy Always,
-  the egress image): mitmdump with the egress addons on 127.0.0.1, chained to the
+  the egress image): the lean mitmproxy with the egress addons on 127.0.0.1, chained to the
   egress gateway with the attempt's credential, read from the attempt's Secret
   (`egress_secret_object`) that only the sidecar mounts; its exec startupProbe holds
   the subject back until the proxy listens and its CA certificate is published;
