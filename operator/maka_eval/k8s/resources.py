@@ -88,7 +88,10 @@ class Condition(ResourceModel):
     type: str = Field(
         max_length=316,
         pattern=CONDITION_TYPE_PATTERN,
-        description="What the condition is about, in CamelCase (e.g. Validated, Complete).",
+        description=(
+            "What the condition is about, in CamelCase (kstatus: Ready, Reconciling, "
+            "Stalled; the Experiment also has Validated, Complete and others)."
+        ),
     )
     status: ConditionStatus = Field(description="True, False or Unknown.")
     observed_generation: int | None = Field(
@@ -182,14 +185,6 @@ def merge_conditions(
         if flipped:
             changed.append((type_, truth, reason, message))
     return written, changed
-
-
-def condition_of(status: Mapping[str, Any] | None, type_: str) -> Mapping[str, Any] | None:
-    """The condition of this type in a status, or None."""
-    for condition in (status or {}).get("conditions") or ():
-        if condition.get("type") == type_:
-            return condition  # type: ignore[no-any-return]
-    return None
 
 
 CONDITIONS = Field(

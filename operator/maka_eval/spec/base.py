@@ -176,3 +176,21 @@ K8sName = Annotated[
 Quantity = Annotated[
     str, _rule(quantity_problem), SchemaOnly(pattern=QUANTITY_PATTERN, maxLength=64)
 ]
+
+SHA256_DIGEST_PATTERN = r"^sha256:[0-9a-f]{64}$"
+_SHA256_DIGEST = re.compile(SHA256_DIGEST_PATTERN)
+
+
+def sha256_digest_problem(value: str) -> str | None:
+    """Why `value` is not a `sha256:<64 lowercase hex>` digest, or None."""
+    if _SHA256_DIGEST.fullmatch(value):
+        return None
+    return (
+        f"'{value[:80]}' is not a digest: write 'sha256:' and 64 lowercase hex digits, "
+        "as hack/build-images.sh prints it"
+    )
+
+
+Sha256Digest = Annotated[
+    str, _rule(sha256_digest_problem), SchemaOnly(pattern=SHA256_DIGEST_PATTERN, maxLength=71)
+]

@@ -20,6 +20,7 @@ from maka_eval.spec.base import (
     PluginKind,
     PositiveSeconds,
     Quantity,
+    Sha256Digest,
     SpecModel,
     TaskPath,
     Text,
@@ -210,9 +211,8 @@ class KubernetesExecutorConfig(SpecModel):
     relay_image: ImageName = Field(
         description="Image holding the relay bundle at /opt/maka-eval (copied into each Pod)."
     )
-    relay_bundle_digest: str | None = Field(
+    relay_bundle_digest: Sha256Digest | None = Field(
         default=None,
-        pattern=r"^sha256:[0-9a-f]{64}$",
         description=(
             "Pinned digest of the relay bundle (sha256 of its checksums.sha256, printed by "
             "hack/build-images.sh). Each Pod checks its copy of the bundle before the "

@@ -3,7 +3,9 @@
 A task directory holds `instruction.md`, an optional `task.toml`, an optional
 `environment/` (a Dockerfile building the task's image, or files placed in the
 workspace), `tests/test.sh` (the verifier) and an optional `solution/solve.sh` (for the
-oracle). Every task.toml field Harbor honours is read here; a field Harbor knows that
+oracle). A multi-step task (`[[steps]]`) has, per step, `steps/<name>/instruction.md` and
+optionally its own `tests/`, `workdir/` and `solution/` (TaskStep). Every task.toml field
+Harbor honours is read here; a field Harbor knows that
 maka-eval does not honour, and a field nobody knows, is a warning naming it and the file
 (Harbor itself ignores unknown fields silently, which hides typos).
 """
