@@ -89,6 +89,8 @@ def arm_label(run: str, subject_id: str) -> str:
 def observations(summary: RunSummary, run: str = "") -> Iterator[CellObservation]:
     """Every cell of the run as an observation, in expansion order."""
     infra, cancelled = AttemptStatus.INFRA_FAILED, AttemptStatus.CANCELLED
+    arms: dict[str, str] = {}
+    make = CellObservation._make  # positional, in field order: cheaper than keywords
     for row in summary.cells:
         failed = stopped = unknown = 0
         cost = 0.0
@@ -102,30 +104,33 @@ def observations(summary: RunSummary, run: str = "") -> Iterator[CellObservation
                 unknown += 1
             else:
                 cost += kernel.cost_usd
+        arm = arms.get(row.subject_id)
+        if arm is None:
+            arm = arms[row.subject_id] = arm_label(run, row.subject_id)
         selected = row.selected
-        result = selected.result if selected is not None else None
-        usage = result.usage if result is not None else None
-        yield CellObservation(
-            run=run,
-            arm=arm_label(run, row.subject_id),
-            subject_id=row.subject_id,
-            task_id=row.task_id,
-            repetition=row.repetition,
-            cell_id=row.cell_id,
-            state=row.state,
-            attempts=row.attempts,
-            infra_failed=failed,
-            cancelled=stopped,
-            interrupted=row.interrupted,
-            status=result.status.value if result is not None else None,
-            score=result.score if result is not None else None,
-            input_tokens=usage.input_tokens if usage is not None else None,
-            cached_input_tokens=usage.cached_input_tokens if usage is not None else None,
-            cache_write_tokens=usage.cache_write_tokens if usage is not None else None,
-            output_tokens=usage.output_tokens if usage is not None else None,
-            cost_usd=result.cost_usd if result is not None else None,
-            duration_sec=result.duration_sec if result is not None else None,
-            selected_attempt=selected.attempt if selected is not None else None,
-            all_attempts_cost_usd=cost,
-            all_attempts_cost_unknown=unknown,
-        )
+        if selected is None:
+            yield make(
+                (
+                    run, arm, row.subject_id, row.task_id, row.repetition, row.cell_id,
+                    row.state, row.attempts, failed, stopped, row.interrupted,
+                    None, None, None, None, None, None, None, None, None,
+                    cost, unknown,
+                )
+            )  # fmt: skip
+            continue
+        result = selected.result
+        usage = result.usage
+        yield make(
+            (
+                run, arm, row.subject_id, row.task_id, row.repetition, row.cell_id,
+                row.state, row.attempts, failed, stopped, row.interrupted,
+                str(result.status),  # its value (`.value` is a Python property)
+                result.score,
+                usage.input_tokens if usage is not None else None,
+                usage.cached_input_tokens if usage is not None else None,
+                usage.cache_write_tokens if usage is not None else None,
+                usage.output_tokens if usage is not None else None,
+                result.cost_usd, result.duration_sec, selected.attempt,
+                cost, unknown,
+            )
+        )  # fmt: skip

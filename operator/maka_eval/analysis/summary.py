@@ -166,7 +166,10 @@ def _subject_summaries(expansion: Expansion, rows: Sequence[CellRow]) -> list[Su
 
 def summarize_source(source: AttemptSource) -> RunSummary:
     """Summarize a run from its attempt source (damaged records are listed, not used)."""
-    experiment, _ = experiment_from_data(source.experiment_document(), source.experiment_origin)
+    # A run's frozen experiment: readable where its executor plug-in is not installed.
+    experiment, _ = experiment_from_data(
+        source.experiment_document(), source.experiment_origin, frozen=True
+    )
     expansion = expand(experiment)
     cap = experiment.spec.execution.max_infra_retries
     records = source.records()

@@ -9,9 +9,10 @@ A report reads every record of a run, 100,000 of them for a large one, at over 1
 of CPU each on a small machine: listing, reading, strict JSON, validation. So each
 directory is listed once and nothing is stat'ed (os.scandir gives the file types), each
 record is read with one open and a bounded read, the garbage collector is paused (the
-records form no cycles), and a large run is read by two processes: a helper reads the
-second half of the task directories while this process reads the first, and sends its
-records back pickled.
+records form no cycles) and, after a large read, frozen out of them, and a large run is
+read by two processes: a helper reads the second half of the task directories while
+this process reads the first, and sends its records back pickled. Well-formed records
+take the contract's fast path (`AttemptRecord.from_dict` -> `plain_record`).
 """
 
 from __future__ import annotations
