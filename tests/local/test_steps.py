@@ -178,6 +178,27 @@ def check_min_reward_table_and_failed_setup(bench: StepsBench) -> None:
     assert "step.append.subjectSec" not in failed.timings
 
 
+SLOW_FIRST_STEP = """
+case "$(cat "$MAKA_EVAL_INSTRUCTION_FILE")" in
+  *"STEP create"*) echo alpha > notes.txt; sleep 60 ;;
+  *"STEP append"*) cat seed.txt >> notes.txt ;;
+  *) echo done >> notes.txt ;;
+esac
+"""
+
+
+def check_a_step_cut_off_by_its_timeout(bench: StepsBench) -> None:
+    """The first step's subject is cut off after its own timeout; its work is verified
+    and the next steps run in the same sandbox."""
+    bench.task("notes", ("[steps.agent]\ntimeout_sec = 30.0", "[steps.agent]\ntimeout_sec = 2.0"))
+    record = bench.run([external("slow", SLOW_FIRST_STEP)])["notes::1::slow"]
+    assert record.status is S.SUBJECT_FAILED, record.result
+    assert record.result.score == 1.0 and record.result.status_source == "timeout"
+    assert "after 2s" in (record.result.reason or "")
+    assert record.result.metrics["step.finish.reward"] == 1.0
+    assert record.timings["step.create.subjectSec"] < 20
+
+
 # -- the process sandbox --------------------------------------------------------------------
 needs_namespaces = pytest.mark.skipif(
     namespaces_unavailable() is not None,
@@ -212,6 +233,9 @@ SNOOP = r"""
 find / -xdev \( -name append-only.txt -o -name lib.sh -o -name reward.json \) 2>/dev/null
 ls /tests /logs/verifier 2>&1
 mkdir -p /logs/verifier 2>/dev/null && echo 1 > /logs/verifier/reward.txt 2>/dev/null
+head -n 1 "$MAKA_EVAL_INSTRUCTION_FILE" | cut -c 1-12 >> /logs/agent/steps.log
+mkdir -p /logs/agent/trajectory && echo '{"turns": 1}' > /logs/agent/trajectory/t.json
+ln -sf /etc/passwd /logs/agent/passwd
 case "$(cat "$MAKA_EVAL_INSTRUCTION_FILE")" in
   *"STEP create"*) echo alpha > notes.txt ;;
   *"STEP append"*)
@@ -237,3 +261,18 @@ def test_no_step_sees_another_steps_tests_or_forges_a_reward(tmp_path):
         if a.name.startswith("steps/") and a.name.endswith("subject.stdout")
     )
     assert "append-only.txt" not in out and "lib.sh" not in out and "reward.json" not in out
+    check_agent_logs(bench, record)
+
+
+def check_agent_logs(bench: StepsBench, record: Any) -> None:
+    """/logs/agent comes back as `agent/<path>` artifacts (links not followed)."""
+    names = {a.name for a in record.result.artifacts}
+    assert {"agent/steps.log", "agent/trajectory/t.json"} <= names, names
+    assert "agent/passwd" not in names
+    log = bench.artifact(record, "agent/steps.log").split()
+    assert log == ["STEP", "create:", "STEP", "append:", "STEP", "finish:"], log
+
+
+@needs_namespaces
+def test_a_step_cut_off_by_its_timeout_is_verified_and_the_next_steps_run(tmp_path):
+    check_a_step_cut_off_by_its_timeout(process_bench(tmp_path))

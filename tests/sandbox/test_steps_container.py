@@ -15,6 +15,8 @@ from maka_eval.sandbox import container as container_backend
 from tests.local.test_steps import (
     SNOOP,
     StepsBench,
+    check_a_step_cut_off_by_its_timeout,
+    check_agent_logs,
     check_mean_and_final,
     check_min_reward_table_and_failed_setup,
     check_oracle_and_nop,
@@ -47,7 +49,17 @@ def test_a_min_reward_table_and_a_failing_setup_end_the_steps(container_engine, 
     check_min_reward_table_and_failed_setup(container_bench(tmp_path, container_engine))
 
 
-def test_no_step_sees_another_steps_tests_or_forges_a_reward(container_engine, tmp_path):
+def test_no_step_sees_another_steps_tests_or_forges_a_reward(
+    container_engine, tmp_path, monkeypatch
+):
+    fetched: list[str] = []
+    get = container_backend.ContainerSandbox._get
+
+    def recording_get(self, path, limit):
+        fetched.append(path)
+        return get(self, path, limit)
+
+    monkeypatch.setattr(container_backend.ContainerSandbox, "_get", recording_get)
     bench = container_bench(tmp_path, container_engine)
     bench.task("notes")
     found = bench.run([external("snoop", SNOOP)])
@@ -60,5 +72,14 @@ def test_no_step_sees_another_steps_tests_or_forges_a_reward(container_engine, t
         if a.name.startswith("steps/") and a.name.endswith("subject.stdout")
     )
     assert "append-only.txt" not in out and "lib.sh" not in out
+    check_agent_logs(bench, record)
+    # A small /logs/agent came back with the verifier's reports: no extra trip to the engine.
+    assert "/logs/agent" not in fetched
     # The loop left running wrote the shared /logs/verifier: discarded and noted.
     assert any("suspected tampering" in n for n in record.result.notes), record.result.notes
+
+
+def test_a_step_cut_off_by_its_timeout_is_verified_and_the_next_steps_run(
+    container_engine, tmp_path
+):
+    check_a_step_cut_off_by_its_timeout(container_bench(tmp_path, container_engine))

@@ -150,16 +150,64 @@ def test_a_task_linked_inside_the_benchmark_folder_is_fine(tmp_path):
     assert set(load_tasks(experiment, tmp_path)) == {"t1"}
 
 
-def test_a_multi_step_task_is_refused_naming_steps(tmp_path):
+def test_a_multi_step_task_is_read_step_by_step():
+    from maka_eval.spec.task_directory import load_task
+
+    root = Path(__file__).resolve().parents[1] / "fixtures" / "steps" / "notes"
+    task, problems = load_task("notes", root, "tasks[0]", host_env={"MAKA_EVAL_FIXTURE_SEED": "s"})
+    assert task is not None and not problems and not task.warnings
+    assert [s.name for s in task.steps] == ["create", "append", "finish"]
+    create, append, finish = task.steps
+    assert task.step_reward_strategy == "mean"
+    assert task.instruction_file == create.instruction_file
+    assert create.tests_dirs == (root / "tests", root / "steps" / "create" / "tests")
+    assert finish.tests_dirs == (root / "tests",)  # the task's test.sh runs
+    assert (create.min_reward, finish.min_reward, append.min_reward) == (1.0, {"reward": 1.0}, None)
+    assert (create.agent_timeout_sec, append.verifier_timeout_sec) == (30.0, 20.0)
+    assert append.verifier_env == {"NOTES_FILE": "notes.txt", "EXPECTED_SEED": "s"}
+    assert append.setup_script == root / "steps" / "append" / "workdir" / "setup.sh"
+    assert task.solution_dir == create.solution_dir == root / "steps" / "create" / "solution"
+
+
+def test_bad_steps_are_named_with_the_fix(tmp_path):
     from maka_eval.spec.task_directory import load_task
 
     task = tmp_path / "multi"
     (task / "steps" / "one").mkdir(parents=True)
-    (task / "task.toml").write_text('[[steps]]\nname = "one"\n[[steps]]\nname = "two"\n')
+    (task / "steps" / "one" / "instruction.md").write_text("Do one.\n")
+    (task / "task.toml").write_text(
+        'multi_step_reward_strategy = "best"\n'
+        '[[steps]]\nname = "one"\nmin_reward = "high"\nhealthcheck = { command = "true" }\n'
+        '[[steps]]\nname = "two"\n[steps.agent]\ntimeout_sec = -1\n'
+        '[[steps]]\nname = "ONE"\n'
+        '[[steps]]\nname = "../up"\n'
+    )
     definition, problems = load_task("multi", task, "tasks[0]")
-    assert definition is None and len(problems) == 1
-    assert problems[0].where == "tasks[0]"
-    assert "2 [[steps]]" in problems[0].message and "not supported" in problems[0].message
+    assert definition is None
+    text = "\n".join(f"{p.where}: {p.message}" for p in problems)
+    assert "multi_step_reward_strategy: must be one of mean, final, got 'best'" in text
+    assert "[[steps]][0]: min_reward must be a number or a table of numbers, got 'high'" in text
+    assert "test.sh exists; the step's verifier runs one of them" in text
+    assert "steps/two/instruction.md is missing; every step needs one" in text
+    assert "[[steps]][1] [agent]: timeout_sec must be a positive number, got -1" in text
+    assert "[[steps]][2]: name 'ONE' is used by [[steps]][0] too" in text
+    assert "[[steps]][3]: name '../up' is not a portable folder name" in text
+
+
+def test_an_oracle_needs_a_solution_for_every_step(tmp_path):
+    import shutil
+
+    from maka_eval.spec.task_directory import load_task
+
+    root = tmp_path / "notes"
+    shutil.copytree(Path(__file__).resolve().parents[1] / "fixtures" / "steps" / "notes", root)
+    shutil.rmtree(root / "steps" / "append" / "solution")
+    task, _ = load_task("notes", root, "tasks[0]", host_env={})
+    assert task is not None and task.solution_dir is None
+    (root / "solution").mkdir()
+    (root / "solution" / "solve.sh").write_text("#!/bin/bash\ntrue\n")
+    task, _ = load_task("notes", root, "tasks[0]", host_env={})
+    assert task is not None and task.steps[1].solution_dir == root / "solution"
 
 
 # -- Harbor's task.toml fields ------------------------------------------------------------

@@ -149,11 +149,17 @@ def check_prerequisites(
             for t, task in enumerate(spec.tasks):
                 definition = tasks.get(task.id)
                 if definition is not None and definition.solution_dir is None:
+                    step = next((s for s in definition.steps if s.solution_dir is None), None)
+                    script = (
+                        f"{definition.root}/steps/{step.name}/solution/solve.sh (or the "
+                        "task's solution/solve.sh)"
+                        if step is not None
+                        else f"{definition.root}/solution/solve.sh"
+                    )
                     problems.append(
                         Problem(
                             f"{prefix}tasks[{t}]",
-                            f"{definition.root}/solution/solve.sh is missing; subject "
-                            f"'{subject.id}' (the oracle) runs it",
+                            f"{script} is missing; subject '{subject.id}' (the oracle) runs it",
                         )
                     )
 

@@ -504,9 +504,15 @@ class _Attempt:
         plan = self.plan
         outcomes: list[StepOutcome] = []
         for index, step in enumerate(plan.steps):
-            if index:
-                self._between_steps(plan.steps[index - 1])
-            outcome = self._run_step(step)
+            try:
+                if index:
+                    self._between_steps(plan.steps[index - 1])
+                outcome = self._run_step(step)
+            except OSError as exc:
+                if exc.errno == errno.ENOSPC:
+                    raise
+                error = f"{type(exc).__name__}: {exc}"
+                outcome = StepOutcome(step.name, Execution(ExecutionEnd.THREW, error=error))
             outcomes.append(outcome)
             self.timings.update({f"step.{step.name}.{k}": v for k, v in outcome.timings.items()})
             why = steps.stop_reason(outcome, step.min_reward)
@@ -743,9 +749,11 @@ class _Attempt:
                 execution = self.run_subject()
             t_subject = time.perf_counter()
             frame = self.read_frame()
-            if self.plan.steps:
-                pass  # verified step by step
-            elif execution.end in (ExecutionEnd.EXITED, ExecutionEnd.TIMED_OUT):
+            # (A multi-step attempt was verified step by step.)
+            if not self.plan.steps and execution.end in (
+                ExecutionEnd.EXITED,
+                ExecutionEnd.TIMED_OUT,
+            ):
                 result = self.verify()
                 if result is None:
                     execution = Execution(ExecutionEnd.CANCELLED)

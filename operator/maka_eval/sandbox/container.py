@@ -7,6 +7,9 @@ Harbor's way, on Docker or on Podman's compatible socket:
   reused while that folder is unchanged), creates a container that only sleeps (PID 1),
   with the task's resources, network mode, env and workdir, and uploads what the subject
   may see: the workspace into the workdir, the instruction, `/logs/agent`.
+- `upload` and `download` copy files in and out through the engine's archive API (a
+  multi-step task's workdir files in, `/logs/agent` out); `next_step` readies the
+  container for a multi-step task's next step.
 - Programs run in it by exec. `spawn` returns a host process (`maka_eval.sandbox.exec`)
   that is the exec for the relay: its output, its exit code, killing it. `/solution`
   (the oracle) and the subject's own program (a path in the spec: /maka/bin/) are
@@ -30,6 +33,7 @@ Harbor's way, on Docker or on Podman's compatible socket:
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import hashlib
 import io
@@ -37,6 +41,7 @@ import json
 import os
 import re
 import secrets
+import shutil
 import stat
 import subprocess
 import sys
@@ -75,6 +80,8 @@ MAX_FRAME_BYTES = 1 << 20
 TMP_BYTES = 1 << 30
 """Size of an attempt's /tmp (a tmpfs, as in the process sandbox)."""
 MAX_VERIFIER_BYTES = 256 << 20
+AGENT_REPORT_BYTES = 1 << 20
+"""/logs/agent up to this size (as a tar) comes back with the verifier's reports."""
 """What is taken of /logs/verifier (the rewards, and any report test.sh wrote)."""
 CA_CERT_PATH = "/maka/egress/ca.pem"
 """Where a policed container sees the egress proxy's CA certificate (read-only)."""
@@ -428,20 +435,21 @@ fi
 """
 
 HOLDER = r"""
-d=$MAKA_EVAL_H_DIR u=$MAKA_EVAL_H_USER
-unset MAKA_EVAL_H_DIR MAKA_EVAL_H_USER
+u=$MAKA_EVAL_H_USER
+unset MAKA_EVAL_H_USER
 [ $# = 0 ] || chown -R -- "$u" "$@" >/dev/null 2>&1
 for tool in unshare setpriv chroot mount tar sha256sum sleep stat; do
-  command -v "$tool" >/dev/null 2>&1 || { echo "fail the image has no $tool" >"$d/holder"; exit 0; }
+  command -v "$tool" >/dev/null 2>&1 || { echo "fail the image has no $tool"; exit 0; }
 done
 out=$(unshare -m --propagation private true 2>&1) \
-  || { echo "fail the engine refused a mount namespace: $out" | head -c 300 >"$d/holder"; exit 0; }
-export d
-exec unshare -m --propagation private sh -c '
+  || { echo "fail the engine refused a mount namespace: $out" | head -c 300; exit 0; }
+# The holder lives on in the background and answers on fd 3, which it closes before it
+# sleeps: this exec's output ends, and the exec with it, as soon as the holder is ready.
+answer=$(unshare -m --propagation private sh -c '
   mkdir -p /tests /logs/verifier \
     && mount -t tmpfs -o mode=0755 maka-tests /tests \
     && mount -t tmpfs -o mode=0755 maka-verifier /logs/verifier \
-    || { echo "fail cannot mount a tmpfs in the container" >"$d/holder"; exit 0; }
+    || { echo "fail cannot mount a tmpfs in the container" >&3; exit 0; }
   hex=0
   while read -r key value; do [ "$key" = CapBnd: ] && hex=$value; done </proc/1/status
   caps=-all i=0
@@ -449,9 +457,11 @@ exec unshare -m --propagation private sh -c '
     [ $(( (0x$hex >> i) & 1 )) = 1 ] && caps="$caps,+cap_$i"
     i=$((i + 1))
   done
-  echo "ready $$ $(stat -c %d /tests) $(stat -c %d /logs/verifier)" >"$d/holder"
-  unset d
-  exec setpriv --inh-caps=-all --bounding-set="$caps" -- sleep infinity'
+  echo "ready $$ $(stat -c %d /tests) $(stat -c %d /logs/verifier)" >&3
+  exec 3>&-
+  exec setpriv --inh-caps=-all --bounding-set="$caps" -- sleep infinity' \
+  3>&1 </dev/null >/dev/null 2>&1 &)
+echo "$answer"
 """
 
 SUBJECT_WRAPPER = (
@@ -504,6 +514,14 @@ private || { say tampered "the verifier's private folders were taken away as it 
 tar -C "$r/logs/verifier" -cf "$d/verifier.tar" . || fail "cannot pack /logs/verifier"
 set -- $(sha256sum "$d/verifier.tar")
 say done "$1"
+# A small result travels with the reports: no second trip to the engine to fetch it.
+if [ "$(stat -c %s "$d/verifier.tar")" -le 1048576 ] && command -v base64 >/dev/null; then
+  say tar "$(base64 -w 0 "$d/verifier.tar" 2>/dev/null)"
+fi
+# So does what the subject left in /logs/agent (the relay fetches it when this is cut).
+if [ -n "$(ls -A /logs/agent 2>/dev/null)" ] && command -v base64 >/dev/null; then
+  say agent "$(tar -C /logs/agent -cf - . 2>/dev/null | head -c 1048577 | base64 -w 0)"
+fi
 late=$(ls -A /logs/verifier 2>/dev/null | head -n 20 | tr '\n' ' ')
 [ -z "$late" ] || say decoy "$late"
 exit $rc
@@ -535,7 +553,6 @@ done
 [ -z "$h" ] || kill -CONT "$h" 2>/dev/null
 true
 """
-HOLDER_TIMEOUT = 15.0
 
 
 # -- the sandbox --------------------------------------------------------------------------
@@ -579,6 +596,9 @@ class ContainerSandbox:
         self._program = f"{PROGRAM_DIR}/{Path(plan.program).name}" if plan.program else None
         self._renewed = False
         """Whether a step ended since the last verifier (its private folders are emptied)."""
+        self._agent_logs_taken = False
+        """Whether /logs/agent came back with the last verifier's reports, no subject
+        having run since."""
 
     # -- paths ------------------------------------------------------------------------
     def _mapping(self) -> dict[str, str]:
@@ -662,7 +682,7 @@ class ContainerSandbox:
         if plan.storage_mb:
             kwargs["storage_opt"] = {"size": f"{plan.storage_mb}m"}
         try:
-            container = client.containers.create(plan.image, **kwargs)
+            self.container_id = _create(client, plan.image, kwargs)
         except docker.errors.APIError as exc:
             if "storage_opt" not in kwargs or "storage" not in _api_message(exc).lower():
                 raise OSError(f"cannot create the container: {_api_message(exc)}") from None
@@ -670,10 +690,9 @@ class ContainerSandbox:
             del kwargs["storage_opt"]
             why = _api_message(exc).splitlines()[-1].rsplit(": ", 1)[-1].strip('")')
             self.notes.append(f"storage_mb={plan.storage_mb} was not enforced: {why[:200]}")
-            container = client.containers.create(plan.image, **kwargs)
-        self.container_id = container.id
+            self.container_id = _create(client, plan.image, kwargs)
         try:
-            container.start()
+            client.api.start(self.container_id)
         except docker.errors.APIError as exc:
             raise OSError(f"cannot start the container: {_api_message(exc)}") from None
         uploaded = self._upload_workspace()
@@ -699,37 +718,28 @@ class ContainerSandbox:
     def _start_holder(self, uploaded: list[str]) -> None:
         """The verifier's private folders, made while the container is still pristine;
         the workspace handed to a non-root agent user on the way."""
-        box = f"/maka/.h-{secrets.token_hex(16)}"
-        tar = _Tar()
-        tar.folder(box, 0o700)
-        self._put("/", tar.bytes())
         agent = self.plan.agent_user or self.image_user
-        env = {"MAKA_EVAL_H_DIR": box, "MAKA_EVAL_H_USER": agent}
+        env = {"MAKA_EVAL_H_USER": agent}
         owned = uploaded if uploaded and not _is_root(agent) else []
         argv = ["sh", "-c", HOLDER, "maka-holder", *owned]
         api = self._client.api
         try:
+            # One attached exec: it ends once the holder (left in the background) is ready.
             created = api.exec_create(
                 self.container_id, argv, user="0", privileged=True, environment=env, workdir="/"
             )
-            api.exec_start(created["Id"], detach=True)
+            out, _ = api.exec_start(created["Id"], demux=True)
         except Exception as exc:  # an engine that refuses privileged execs
             self.private_view = f"the engine refused a privileged exec: {_api_message(exc)}"
             return
-        deadline = time.monotonic() + HOLDER_TIMEOUT
-        while time.monotonic() < deadline:
-            data = self._get(f"{box}/holder", 4096)
-            found = _inner_file(data, 4096) if data else None
-            answer = (found or b"").decode(errors="replace").strip()
-            if answer.startswith("ready ") and len(answer.split()) == 4:
-                self._holder = answer.removeprefix("ready ")
-                self.private_view = None
-                return
-            if answer.startswith("fail "):
-                self.private_view = answer.removeprefix("fail ")[:300]
-                return
-            time.sleep(0.01)
-        self.private_view = f"the holder did not start in {HOLDER_TIMEOUT:g}s"
+        answer = (out or b"").decode(errors="replace").strip()
+        if answer.startswith("ready ") and len(answer.split()) == 4:
+            self._holder = answer.removeprefix("ready ")
+            self.private_view = None
+        elif answer.startswith("fail "):
+            self.private_view = answer.removeprefix("fail ")[:300]
+        else:
+            self.private_view = f"the holder did not start: {answer[:200] or 'no answer'}"
 
     def _put(self, path: str, data: bytes) -> None:
         import docker.errors
@@ -779,6 +789,7 @@ class ContainerSandbox:
         if phase is Phase.VERIFIER:
             return self._spawn_verifier(argv, inside, cwd, stdout, stderr, user)
         self._upload_subject_files()
+        self._agent_logs_taken = False  # the subject may write /logs/agent again
         agent = user or self.plan.agent_user
         if self.private_view is None:
             # Without the one capability that lets a process look into the holder.
@@ -814,6 +825,9 @@ class ContainerSandbox:
     def download(self, sandbox_path: str, host_path: str, max_bytes: int) -> None:
         if self.container_id is None:
             return
+        taken = self._agent_logs_taken and host_path == self.layout.agent_logs
+        if sandbox_path == Layout.AGENT_LOGS_PATH and taken:
+            return  # the verifier's wrapper brought it back already
         data = self._get(sandbox_path, max_bytes)
         if data:
             Path(host_path).mkdir(parents=True, exist_ok=True)
@@ -973,6 +987,9 @@ class ContainerSandbox:
             return
         data = self._get(f"{FRAME_DIR}/result.json", MAX_FRAME_BYTES)
         if data:
+            # A later step's subject: the frame it leaves replaces the last step's.
+            with contextlib.suppress(OSError):
+                (Path(self.layout.frame_dir) / "result.json").unlink()
             with contextlib.suppress(tarfile.TarError, OSError):
                 extract_into(data, Path(self.layout.frame_dir), 0, MAX_FRAME_BYTES)
 
@@ -984,8 +1001,13 @@ class ContainerSandbox:
         done = self._take_reports(lines)
         if done is None or box is None:
             return
-        data = self._get(f"{box}/verifier.tar", MAX_VERIFIER_BYTES)
-        inner = _inner_file(data, MAX_VERIFIER_BYTES) if data else None
+        inner: bytes | None = None
+        packed = next((line.strip()[4:] for line in lines if line.startswith("tar ")), "")
+        with contextlib.suppress(ValueError):
+            inner = base64.b64decode(packed, validate=True) if packed else None
+        if inner is None:  # too big for the reports: fetched from the container
+            data = self._get(f"{box}/verifier.tar", MAX_VERIFIER_BYTES)
+            inner = _inner_file(data, MAX_VERIFIER_BYTES) if data else None
         if inner is None or hashlib.sha256(inner).hexdigest() != done:
             self.notes.append(
                 "suspected tampering: what the verifier wrote was changed before the relay "
@@ -994,6 +1016,26 @@ class ContainerSandbox:
             return
         with contextlib.suppress(tarfile.TarError, OSError):
             extract_into(inner, Path(self.layout.verifier_logs), 0, MAX_VERIFIER_BYTES)
+        self._take_agent_logs(lines)
+
+    def _take_agent_logs(self, lines: Sequence[str]) -> None:
+        """/logs/agent as the verifier's wrapper packed it (none: it was empty), when
+        it was small enough to travel with the reports; `download` then has it."""
+        packed = next((line.strip()[6:] for line in lines if line.startswith("agent ")), "")
+        try:
+            data = base64.b64decode(packed, validate=True)
+        except ValueError:
+            return
+        if len(data) > AGENT_REPORT_BYTES:
+            return  # cut short: fetched from the container when the attempt ends
+        target = Path(self.layout.agent_logs)
+        with contextlib.suppress(OSError):
+            shutil.rmtree(target)  # the relay's own folder: the last packing is whole
+        target.mkdir(parents=True, exist_ok=True)
+        if data:
+            with contextlib.suppress(tarfile.TarError, OSError):
+                extract_into(data, target, 0, AGENT_REPORT_BYTES)
+        self._agent_logs_taken = True
 
     def _collect_shared(self) -> None:
         data = self._get(Layout.VERIFIER_LOGS_PATH, MAX_VERIFIER_BYTES)
@@ -1023,6 +1065,15 @@ class ContainerSandbox:
                 self.container_id = None
         finally:
             self.supervisor.end_attempt(self.attempt_id)
+
+
+def _create(client: Any, image: str, kwargs: dict[str, Any]) -> str:
+    """Create a container; its id. The SDK's `containers.create` inspects what it made, one
+    more round trip to the engine: this is the same call without it."""
+    from docker.models.containers import _create_container_args
+
+    args = _create_container_args({**kwargs, "image": image, "version": client.api._version})
+    return str(client.api.create_container(**args)["Id"])
 
 
 def _inner_file(data: bytes, limit: int) -> bytes | None:

@@ -18,15 +18,17 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import http.client
 import json
 import os
 import socket
 import struct
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
+
+if TYPE_CHECKING:
+    import http.client
 
 from maka_eval import strict_json
 
@@ -53,21 +55,21 @@ def connect(engine: str, timeout: float | None) -> socket.socket:
     raise OSError(f"unsupported engine address {engine!r} (use unix:// or tcp://)")
 
 
-class _Connection(http.client.HTTPConnection):
-    def __init__(self, engine: str, timeout: float) -> None:
-        super().__init__("docker", timeout=timeout)
-        self._engine = engine
-        self._timeout = timeout
+def _connection(engine: str, timeout: float) -> http.client.HTTPConnection:
+    import http.client  # not at import time: it is most of the helper's start-up
 
-    def connect(self) -> None:
-        self.sock = connect(self._engine, self._timeout)
+    class _Connection(http.client.HTTPConnection):
+        def connect(self) -> None:
+            self.sock = connect(engine, timeout)
+
+    return _Connection("docker", timeout=timeout)
 
 
 def request(
     engine: str, method: str, path: str, body: Any = None, timeout: float = INSPECT_TIMEOUT
 ) -> tuple[int, Any]:
     """One API call; the status and the decoded JSON body (None when empty)."""
-    conn = _Connection(engine, timeout)
+    conn = _connection(engine, timeout)
     try:
         data = json.dumps(body).encode() if body is not None else None
         headers = {"Content-Type": "application/json"} if data is not None else {}
@@ -199,11 +201,28 @@ def run_exec(engine: str, exec_id: str, reports: _Reports | None) -> int | None:
     return exit_code(engine, exec_id)
 
 
+def _get(engine: str, path: str) -> tuple[int, Any]:
+    """A GET as HTTP/1.0 over a bare socket (the engine answers unchunked, then closes):
+    the status and the decoded JSON body; the helper need not load http.client."""
+    sock = connect(engine, INSPECT_TIMEOUT)
+    try:
+        sock.sendall(f"GET {API}{path} HTTP/1.0\r\nHost: docker\r\n\r\n".encode())
+        status, _, data = _read_headers(sock)
+        while chunk := sock.recv(65536):
+            data += chunk
+    finally:
+        sock.close()
+    try:
+        return status, strict_json.loads(data) if data.strip() else None
+    except ValueError:
+        return status, data.decode(errors="replace")
+
+
 def exit_code(engine: str, exec_id: str) -> int:
     """The exec's exit code, once the engine has it."""
     deadline = time.monotonic() + INSPECT_TIMEOUT
     while True:
-        status, info = request(engine, "GET", f"/exec/{exec_id}/json")
+        status, info = _get(engine, f"/exec/{exec_id}/json")
         if status != 200 or not isinstance(info, dict):
             return 255
         if not info.get("Running") or time.monotonic() > deadline:

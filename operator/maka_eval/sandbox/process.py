@@ -406,11 +406,14 @@ class Namespaces(_Supervised):
             own = ["--unshare-pid", "--unshare-ipc", "--unshare-uts"]
             join = ["nsenter", "--target", str(verifier.ready()), "--net", "--"]
             self._subject = subject = self._holder(join, own, self._subject_view())
+        # Ready first: it has joined the network namespace before the verifier that
+        # kept it goes.
+        target = subject.ready()
         if verifier is not None:
             verifier.end()  # with whatever the last verifier left running
         Path(self.layout.tests).mkdir(parents=True, exist_ok=True)
         Path(self.layout.verifier_logs).mkdir(parents=True, exist_ok=True)
-        self._verifier = self._verifier_holder(subject.ready())
+        self._verifier = self._verifier_holder(target)
 
     # -- running programs -------------------------------------------------------------
     def spawn(
