@@ -329,8 +329,7 @@ class ProcessSupervisor:
             and pid not in managed
             and info.state != "Z"
             and (
-                info.session in sessions
-                or any(entry.startswith(prefix) for entry in _environ(pid))
+                info.session in sessions or any(entry.startswith(prefix) for entry in _environ(pid))
             )
         ]
         killed = self.quiesce(roots, attempt_id="\0none", timeout=timeout) if roots else 0
