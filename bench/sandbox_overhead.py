@@ -10,7 +10,9 @@ sandbox's cost is the difference of the medians. For scale it also times the bar
 ``bwrap --unshare-pid --unshare-net ... true`` against ``true``.
 
 Target (issue "Real benchmark tasks in real sandboxes"): the sandbox adds no more than
-6 ms per attempt. The exit status is 0 whatever the verdict: a benchmark, not a test.
+6 ms per attempt. The container sandbox is measured against Harbor 0.26 itself, on the
+same tasks and the same Podman, by ``sandbox_vs_harbor.py`` next to this file. The exit
+status is 0 whatever the verdict: a benchmark, not a test.
 
     .venv/bin/python bench/sandbox_overhead.py              # 200 cells x 3 rounds
     .venv/bin/python bench/sandbox_overhead.py --cells 50 --rounds 1
