@@ -4,15 +4,20 @@ from __future__ import annotations
 
 import gc
 import os
-from datetime import UTC, datetime
+import sys
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
 from maka_eval.contract.kernel import ResultKernel
 from maka_eval.contract.record import MAX_RECORD_BYTES, AttemptRecord
 from maka_eval.engine.status import AttemptStatus, StatusSource, Trigger
+from maka_eval.errors import Problem
 from maka_eval.store import attempts
 from maka_eval.store.run_store import RunIdentity, RunWriter, read_run
+
+from .test_record_fast_path import BASES, _same
 
 IDENTITY = RunIdentity(
     {"schemaVersion": "maka.eval.v1", "id": "x", "repetitions": 2}, {"t": "sha256:aa"}
@@ -146,3 +151,49 @@ def test_odd_repetition_directories_do_not_stop_the_read(tmp_path, name):
     (run / "cells" / "t1" / name / "a" / "attempts" / "²").mkdir(parents=True)
     contents = read_run(run)
     assert sum(len(r) for r in contents.records.values()) == 27
+
+
+# -- what the helper sends back --------------------------------------------------------
+
+
+def _cells_read(records: list[AttemptRecord]) -> attempts.CellsRead:
+    read = attempts.CellsRead()
+    for record in records:
+        read.records.setdefault(record.cell_id, []).append(record)
+    read.interrupted = {"t::2::s": [4, 7]}
+    read.damaged = [Problem("cells/t/1/s/attempts/0001.json", "not a valid attempt record")]
+    return read
+
+
+def test_the_helpers_output_rebuilds_every_record_exactly():
+    read = _cells_read(list(BASES))
+    data = attempts.encode_cells_read(read)
+    assert data[:1] == b"M"  # marshalled plain values, not a pickle
+    back = attempts.decode_cells_read(data)
+    assert back == read
+    assert list(back.records) == list(read.records)
+    for cell, records in read.records.items():
+        for original, rebuilt in zip(records, back.records[cell], strict=True):
+            assert _same(original, rebuilt)  # field for field, down to the value types
+            # the rebuilt records' dicts share their keys as the constructed ones' do
+            assert sys.getsizeof(vars(rebuilt)) == sys.getsizeof(vars(original))
+            assert sys.getsizeof(vars(rebuilt.result)) == sys.getsizeof(vars(original.result))
+
+
+def test_what_marshal_cannot_carry_exactly_is_pickled():
+    other_zone = timezone(timedelta(hours=2))
+    record = replace(BASES[0], started_at=datetime(2026, 1, 5, 11, tzinfo=other_zone))
+    read = _cells_read([BASES[1], record])
+    data = attempts.encode_cells_read(read)
+    assert data[:1] == b"P"
+    back = attempts.decode_cells_read(data)
+    assert back == read
+    assert back.records[record.cell_id][-1].started_at.tzinfo == other_zone
+
+
+@pytest.mark.parametrize("cut", [0, 1, 40, -1])
+def test_garbled_helper_output_is_refused(cut):
+    data = attempts.encode_cells_read(_cells_read(list(BASES)))
+    garbled = data[:cut] if cut else b"X" + data[1:]
+    with pytest.raises(Exception):  # noqa: B017  (whatever it is, the read redoes it)
+        attempts.decode_cells_read(garbled)

@@ -10,8 +10,9 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 
-from maka_eval.analysis.observations import CellObservation
+from maka_eval.analysis.observations import PASS_SCORE, CellObservation
 from maka_eval.analysis.statistics import Interval, Spread, bootstrap_mean, mean_pass_at_k, spread
 
 TOKEN_KINDS = (
@@ -120,10 +121,10 @@ def summarize_arm(
     results = [c for c in cells if c.score is not None]
     scores = [c.score for c in results if c.score is not None]
     per_task: dict[str, list[int]] = defaultdict(lambda: [0, 0])
-    for c in results:
+    for c in results:  # each with a score: `c.passed` is its comparison, inlined
         counts = per_task[c.task_id]
         counts[0] += 1
-        counts[1] += 1 if c.passed else 0
+        counts[1] += 1 if c.score >= PASS_SCORE else 0  # type: ignore[operator]
     samples = [(n, passed) for n, passed in per_task.values()]
     passes = []
     for k in pass_ks(repetitions):
@@ -152,7 +153,8 @@ def _tokens(results: Sequence[CellObservation]) -> Tokens:
     n = len(reporting)
     figures = []
     for kind, attribute in TOKEN_KINDS:
-        total = sum(getattr(c, attribute) or 0 for c in reporting)
+        # None counts as 0; summed in C (a large run has 30,000 cells per arm).
+        total = sum(filter(None, map(attrgetter(attribute), reporting)))
         figures.append(TokenFigure(kind, total, total / n if n else 0.0))
     total = sum(f.total for f in figures)
     return Tokens(n, len(results) - n, tuple(figures), total, total / n if n else None)

@@ -189,7 +189,9 @@ def summarize_source(source: AttemptSource) -> RunSummary:
             )
         every = [r for cell_records in records.values() for r in cell_records]
         budget = experiment.spec.budget
-        spent = budget_state(budget.max_cost_usd, budget.max_tokens, (r.spending() for r in every))
+        spent = budget_state(
+            budget.max_cost_usd, budget.max_tokens, map(AttemptRecord.spending, every)
+        )
         # str() of a status is its value, computed in C (`.value` is a Python property).
         counts = dict(Counter([str(r.result.status) for r in every]))
     writer: WriterView | None = source.writer()

@@ -52,8 +52,13 @@ def budget_state(
     max_tokens: int | None,
     spending: Iterable[tuple[Usage | None, float | None]],
 ) -> BudgetState:
-    """The budget after the given (usage, cost) of every attempt so far."""
-    state = BudgetState(max_cost_usd, max_tokens)
+    """The budget after the given (usage, cost) of every attempt so far.
+
+    What `BudgetState.spend` would reach one attempt at a time, summed in the same
+    order (so to the same float), without a state per attempt (a report sums 100,000)."""
+    spent_cost_usd = 0.0
+    spent_tokens = 0
     for usage, cost in spending:
-        state = state.spend(usage, cost)
-    return state
+        spent_cost_usd += cost or 0.0
+        spent_tokens += usage.total_tokens if usage else 0
+    return BudgetState(max_cost_usd, max_tokens, spent_cost_usd, spent_tokens)
