@@ -61,15 +61,14 @@ def test_no_way_out_of_a_container_cell_but_the_proxy(container_engine, tmp_path
 
 def _engine_creates(monkeypatch: Any, change: Any) -> None:
     """Fault injection: the engine creates the container with changed settings."""
-    import docker.models.containers
+    create = container_backend._create
 
-    create = docker.models.containers.ContainerCollection.create
-
-    def changed(self: Any, image: str, command: Any = None, **kwargs: Any) -> Any:
+    def changed(client: Any, image: str, kwargs: dict[str, Any]) -> str:
+        kwargs = dict(kwargs)
         change(kwargs)
-        return create(self, image, command, **kwargs)
+        return create(client, image, kwargs)
 
-    monkeypatch.setattr(docker.models.containers.ContainerCollection, "create", changed)
+    monkeypatch.setattr(container_backend, "_create", changed)
 
 
 def _refused(root: Path, engine: str) -> str:
