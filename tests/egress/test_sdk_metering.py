@@ -9,9 +9,14 @@ cost, a note naming it); a stream without usage (a lower bound, no cost).
 
 from __future__ import annotations
 
+import functools
 import os
+import shutil
+import subprocess
 import sys
 import sysconfig
+from importlib.metadata import version
+from pathlib import Path
 
 import pytest
 
@@ -34,7 +39,37 @@ pytestmark = [
     pytest.mark.skipif(WHY_NOT is not None, reason=f"cannot police a cell here: {WHY_NOT}"),
 ]
 
-SITE_PACKAGES = sysconfig.get_paths()["purelib"]
+
+@functools.cache
+def _sdk_site() -> str:
+    """Where the subjects import the SDKs from: this checkout's site-packages, unless it
+    lies under /tmp, which the process sandbox replaces with a private tmpfs (a checkout
+    cloned under /tmp); then the same SDK versions installed once, cached, outside /tmp."""
+    own = sysconfig.get_paths()["purelib"]
+    if not Path(own).resolve().is_relative_to("/tmp"):
+        return own
+    wanted = [f"{name}=={version(name)}" for name in ("openai", "anthropic")]
+    cache = Path.home() / ".cache" / "maka-eval" / ("sdk-site-" + "-".join(wanted))
+    if not (cache / ".complete").exists():
+        shutil.rmtree(cache, ignore_errors=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "install",
+                "-q",
+                "--disable-pip-version-check",
+                "--target",
+                str(cache),
+                *wanted,
+            ],
+            check=True,
+        )
+        (cache / ".complete").touch()
+    return str(cache)
+
+
 GPT = "gpt-4o-2024-08-06"
 CLAUDE = "claude-sonnet-4-5-20250929"
 PRICES = {
@@ -97,7 +132,7 @@ def subject(mode: str, provider: FakeProvider) -> dict[str, object]:
             "command": sys.executable,
             "args": ["-c", SUBJECT, mode],
             # The sandbox starts the interpreter by its real path, outside the venv.
-            "env": {"PROVIDER": provider.base("127.0.0.1"), "PYTHONPATH": SITE_PACKAGES},
+            "env": {"PROVIDER": provider.base("127.0.0.1"), "PYTHONPATH": _sdk_site()},
             "resultContract": "exit-code",
         },
     }
