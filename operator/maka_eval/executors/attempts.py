@@ -397,33 +397,63 @@ class PluginAttempts:
                 kernel.duration_sec,
                 kernel.artifacts,
             )
-        subject_started = start_gate.passed_at
-        record = AttemptRecord(
-            run_id=writer.run_id,
-            experiment_id=self.experiment.id,
-            cell_id=cell.id,
-            task_id=cell.task_id,
-            repetition=cell.repetition,
-            subject_id=cell.subject_id,
-            attempt=slot.number,
-            attempt_id=attempt_id,
-            trigger=start.trigger,
-            request=start.request,
-            started_at=utc_from_epoch(started),
-            subject_started_at=(
-                utc_from_epoch(subject_started) if subject_started is not None else None
-            ),
-            finished_at=utc_from_epoch(finished),
-            result=kernel,
-            timings={"executor": round(finished - started, 6)},
+        record = attempt_record(
+            writer,
+            self.experiment.id,
+            start,
+            slot,
+            attempt_id,
+            kernel,
+            started=started,
+            subject_started=start_gate.passed_at,
+            finished=finished,
+            timings={"executor": finished - started},
             host=self.host,
-            maka_eval_version=__version__,
-            egress_policy_digest=None,
         )
         writer.commit(slot, record)
         if not keep_workspace:
             shutil.rmtree(attempt_root, ignore_errors=True)
         return record
+
+
+def attempt_record(
+    writer: RunWriter,
+    experiment_id: str,
+    start: Start,
+    slot: AttemptSlot,
+    attempt_id: str,
+    kernel: ResultKernel,
+    *,
+    started: float,
+    subject_started: float | None,
+    finished: float,
+    timings: Mapping[str, float],
+    host: str,
+    egress_policy_digest: str | None = None,
+) -> AttemptRecord:
+    """The record of one attempt of this machine's run loop (built-in or plug-in
+    executor): the kernel plus the attempt's identity, times in epoch seconds."""
+    cell = start.cell
+    return AttemptRecord(
+        run_id=writer.run_id,
+        experiment_id=experiment_id,
+        cell_id=cell.id,
+        task_id=cell.task_id,
+        repetition=cell.repetition,
+        subject_id=cell.subject_id,
+        attempt=slot.number,
+        attempt_id=attempt_id,
+        trigger=start.trigger,
+        request=start.request,
+        started_at=utc_from_epoch(started),
+        subject_started_at=utc_from_epoch(subject_started) if subject_started else None,
+        finished_at=utc_from_epoch(finished),
+        result=kernel,
+        timings={k: round(v, 6) for k, v in timings.items()},
+        host=host,
+        maka_eval_version=__version__,
+        egress_policy_digest=egress_policy_digest,
+    )
 
 
 def _check_artifacts(kernel: ResultKernel, artifacts_dir: Path) -> None:

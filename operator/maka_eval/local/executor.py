@@ -27,7 +27,7 @@ from typing import Any
 from maka_eval import __version__
 from maka_eval.artifacts import Redactor, digest_file
 from maka_eval.contract.kernel import MAX_KERNEL_BYTES, ResultKernel
-from maka_eval.contract.record import AttemptRecord, utc_from_epoch
+from maka_eval.contract.record import AttemptRecord
 from maka_eval.egress.policy import EgressPolicy
 from maka_eval.egress.proxy import ProxyStartError
 from maka_eval.engine.budget import BudgetState, budget_state
@@ -55,6 +55,7 @@ from maka_eval.engine.status import StatusSource, Trigger
 from maka_eval.errors import CellSelectionError, PrerequisiteError, ResourceError
 from maka_eval.executors.attempts import (
     PluginAttempts,
+    attempt_record,
     check_plugin_prerequisites,
     plugin_of,
     readiness_problems,
@@ -536,26 +537,18 @@ class LocalRun:
             # First, so that fitting the kernel to its bound drops others before it.
             kernel = replace(kernel, artifacts=(*audit, *kernel.artifacts)).fitted(MAX_KERNEL_BYTES)
             timings.update(egress.timings())
-        record = AttemptRecord(
-            run_id=writer.run_id,
-            experiment_id=self.experiment.id,
-            cell_id=cell.id,
-            task_id=cell.task_id,
-            repetition=cell.repetition,
-            subject_id=cell.subject_id,
-            attempt=slot.number,
-            attempt_id=attempt_id,
-            trigger=start.trigger,
-            request=start.request,
-            started_at=utc_from_epoch(outcome.started_at),
-            subject_started_at=(
-                utc_from_epoch(outcome.subject_started_at) if outcome.subject_started_at else None
-            ),
-            finished_at=utc_from_epoch(outcome.finished_at),
-            result=kernel,
-            timings={k: round(v, 6) for k, v in timings.items()},
+        record = attempt_record(
+            writer,
+            self.experiment.id,
+            start,
+            slot,
+            attempt_id,
+            kernel,
+            started=outcome.started_at,
+            subject_started=outcome.subject_started_at,
+            finished=outcome.finished_at,
+            timings=timings,
             host=self._host,
-            maka_eval_version=__version__,
             egress_policy_digest=(
                 self._egress_policy.digest
                 if self._egress_policy is not None and egress_mode(self.experiment, task) == "proxy"
