@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -31,6 +32,22 @@ def start(experiment: Path, run_dir: Path, env: dict[str, str]) -> subprocess.Po
         env=env,
         start_new_session=True,  # like a terminal: Ctrl-C goes to this process group
     )
+
+
+def group_gone(pgid: int, timeout: float = 10.0) -> None:
+    """Wait until no process of the process group `pgid` is left (zombies count as gone)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        members = []
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+                if int(fields[2]) == pgid and fields[0] != "Z":
+                    members.append(stat.parent.name)
+        if not members:
+            return
+        assert time.monotonic() < deadline, f"killed, but still running: {members}"
+        time.sleep(0.01)
 
 
 def alive(pid: int) -> bool:
@@ -132,6 +149,9 @@ def test_killing_the_writer_at_any_moment_leaves_no_corrupt_record(tmp_path):
             break
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+        # The writer's children still in its group (one between fork and exec holds a
+        # copy of the lock's descriptor) die with it, but after it: wait for the group.
+        group_gone(proc.pid)
         kills += 1
         # Every record on disk is whole and valid.
         contents = read_run(run_dir)

@@ -362,7 +362,7 @@ def test_a_timed_out_subject_is_quiesced_and_still_verified(container_engine, tm
         # Reward 1 only if nothing the subject started survived the timeout.
         "#!/bin/sh\n"
         "left=$(cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' ' ' | grep -c 'sleep 10[0]')\n"
-        '[ "$left" = 0 ] && [ -f /app/answer.txt ] && r=1 || r=0\n'
+        '[ "$left" = 0 ] && [ -f /answer.txt ] && r=1 || r=0\n'
         "echo $r > /logs/verifier/reward.txt\n",
     )
     _, run_dir = bench.run()

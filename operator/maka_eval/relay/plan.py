@@ -40,7 +40,8 @@ class ContainerPlan:
     """environment/ folder to build `image` from when it is not in the engine yet."""
     build_timeout_sec: float = 600.0
     workdir: str | None = None
-    """task.toml's workdir; else the image's WORKDIR; else /app (created)."""
+    """task.toml's workdir; else the image's WORKDIR; else / (the engine's default, as
+    under Harbor)."""
     agent_user: str | None = None
     verifier_user: str | None = None
     cpus: float | None = None

@@ -70,7 +70,9 @@ ENGINE_SOCKETS = (
 """Where an engine is looked for when DOCKER_HOST is not set (hack/podman.sh's first)."""
 LABEL = "dev.maka.eval"
 BUILD_REPOSITORY = "maka-eval-task"
-DEFAULT_WORKDIR = "/app"
+DEFAULT_WORKDIR = "/"
+"""Where programs run when neither task.toml nor the image names a workdir: the engine's
+own default, as under Harbor (`docker exec` without `-w`)."""
 PROGRAM_DIR = "/maka/bin"
 FRAME_DIR = "/maka/frame"
 INSTRUCTION_PATH = "/maka/instruction.md"
