@@ -13,6 +13,7 @@ import pytest
 from maka_eval.egress import policy as policy_module
 from maka_eval.egress.policy import (
     CHECK_FAILED,
+    NOT_ALLOWED,
     PRESETS,
     TERMINAL_BENCH,
     TOO_DEEP,
@@ -479,3 +480,80 @@ def test_a_failing_check_blocks_instead_of_raising(monkeypatch):
     for verdict in (POLICY.check_url("https://example.org/"), POLICY.check_host("x.org", 443)):
         assert verdict.blocked and verdict.rule == CHECK_FAILED
         assert "RuntimeError('bug')" in verdict.reason
+
+
+# -- a task's allowlist (task.toml network_mode = "allowlist") ------------------------------
+
+ALLOWLIST = EgressPolicy(
+    "none", (), ["pypi.org", "*.pythonhosted.org", "192.0.2.7", "10.0.0.0/8", "2001:db8::/32"]
+)
+
+
+@pytest.mark.parametrize(
+    ("url", "allowed"),
+    [
+        ("https://pypi.org/simple/requests/", True),
+        ("HTTPS://PyPI.org.:443/simple", True),  # normalized first
+        ("https://files.pythonhosted.org/packages/x.whl", True),
+        ("https://pythonhosted.org/", False),  # '*.' is subdomains only, as in Harbor
+        ("https://www.pypi.org/", False),  # a plain name is that host only
+        ("https://pypi.org.evil.example/", False),
+        ("https://evil.example/pypi.org", False),
+        ("http://192.0.2.7:8080/x", True),
+        ("http://192.0.2.8/", False),
+        ("http://10.200.3.4/", True),
+        ("http://[2001:db8::1]/", True),
+        ("http://[2001:db9::1]/", False),
+        # Other spellings of an allowed address are not that address here: refused.
+        ("http://0xc0.0.2.7/", False),
+        ("http://3221225991/", False),
+        ("http://192.0.2.7.nip.io/", False),
+        ("https://web.archive.org/web/2020/https://pypi.org/", False),
+    ],
+)
+def test_an_allowlist_lets_through_its_hosts_only(url, allowed):
+    verdict = ALLOWLIST.check_url(url)
+    assert verdict.blocked is not allowed, verdict
+    if not allowed:
+        assert verdict.rule == NOT_ALLOWED and "allowed_hosts" in verdict.reason
+
+
+def test_an_allowlist_checks_tunnels_by_host():
+    assert not ALLOWLIST.check_host("files.pythonhosted.org", 443).blocked
+    assert not ALLOWLIST.check_host("10.1.1.1", 22).blocked
+    verdict = ALLOWLIST.check_host("github.com", 443)
+    assert verdict.blocked and verdict.rule == NOT_ALLOWED
+
+
+def test_the_blocklist_still_applies_to_allowed_hosts():
+    policy = EgressPolicy("terminal-bench", ("github.com/org/answers",), ["github.com"])
+    assert not policy.check_url("https://github.com/psf/requests").blocked
+    assert (
+        blocked_by("https://github.com/org/answers/raw/main/x", policy) == "github.com/org/answers"
+    )
+    assert blocked_by("https://github.com/laude-institute/terminal-bench", policy) not in (
+        None,
+        NOT_ALLOWED,
+    )
+
+
+def test_an_allowlist_is_part_of_the_digest_and_survives_the_proxys_json():
+    plain = EgressPolicy("none")
+    assert plain.allow is None and "allow" not in plain.to_json()
+    # A policy without an allowlist keeps the digest it always had; an empty allowlist
+    # (nothing reachable) is not the same policy as none.
+    assert EgressPolicy("none", (), []).digest != plain.digest
+    assert EgressPolicy("none", (), []).check_url("https://pypi.org/").blocked
+    again = EgressPolicy.from_json(ALLOWLIST.to_json())
+    assert again == ALLOWLIST and again.allow == ALLOWLIST.allow
+    reordered = EgressPolicy("none", (), list(reversed(ALLOWLIST.allow or ())))
+    assert reordered.digest == ALLOWLIST.digest
+    with pytest.raises(PolicyError, match=r"allow"):
+        EgressPolicy.from_json(ALLOWLIST.to_json().replace('"allow":[', '"allow":[1,'))
+
+
+def test_bad_allowlist_entries_are_named_with_the_fix():
+    with pytest.raises(PolicyError) as info:
+        EgressPolicy("none", (), ["pypi.org", "pypi.org:443", "*.10.0.0.1", "10.0.0.1/8"])
+    where = [p.where for p in info.value.problems]
+    assert where == ["allowed_hosts[1]", "allowed_hosts[2]", "allowed_hosts[3]"]

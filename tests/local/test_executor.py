@@ -309,7 +309,6 @@ def test_the_container_sandbox_refuses_tasks_without_an_image(setup):
     ("files", "toml", "message"),
     [
         ({"docker-compose.yaml": "services: {}\n"}, None, "multi-container tasks"),
-        ({}, '[environment]\ndocker_image = "x"\nnetwork_mode = "allowlist"\n', "allowlist"),
         ({}, '[environment]\ndocker_image = "x"\ngpus = 1\n', "no NVIDIA runtime"),
     ],
 )
@@ -322,6 +321,22 @@ def test_what_the_container_sandbox_cannot_do_is_refused(setup, monkeypatch, fil
     s = setup(spec(), {"t1": {"files": files, "toml": toml}})
     with pytest.raises(PrerequisiteError, match=message):
         s.run()
+
+
+def test_an_allowlist_needs_a_proxy_the_engine_can_put_a_container_behind(setup, monkeypatch):
+    # Only Podman joins a namespace by path; on Docker the allowlist could not be kept.
+    from maka_eval.local import prerequisites
+    from maka_eval.sandbox.container import EngineInfo, EngineProbe
+
+    engine = EngineInfo("unix:///fake.sock", "Docker", "27.0", "1.46", gpus=False)
+    monkeypatch.setattr(prerequisites, "engine_info", lambda env: EngineProbe(engine, ()))
+    toml = '[environment]\ndocker_image = "x"\nnetwork_mode = "allowlist"\n'
+    s = setup(spec(), {"t1": {"toml": toml + 'allowed_hosts = ["pypi.org"]\n'}})
+    with pytest.raises(PrerequisiteError) as info:
+        s.run()
+    text = info.value.render()
+    assert "tasks (t1)" in text and "network_mode = 'allowlist' (task.toml)" in text
+    assert "only Podman" in text and "leave those tasks out" in text
 
 
 def test_oracle_and_maka_subjects(setup, tmp_path):

@@ -294,9 +294,41 @@ def test_unknown_and_unhonoured_fields_are_warnings_naming_the_file(tmp_path):
         ("[environment]\nmemory_mb = 1.5\n", "memory_mb must be a positive whole number"),
         ("[agent]\nuser = true\n", "user must be a user name or a numeric uid"),
         ('[environment]\ndocker_image = ""\n', "docker_image must be a non-empty string"),
+        (
+            '[environment]\nallowed_hosts = ["pypi.org"]\n',
+            "allowed_hosts is only valid with network_mode = 'allowlist'",
+        ),
+        (
+            '[environment]\nnetwork_mode = "allowlist"\nallowed_hosts = "pypi.org"\n',
+            "allowed_hosts must be a list of hosts",
+        ),
+        (
+            '[environment]\nnetwork_mode = "allowlist"\n'
+            'allowed_hosts = ["pypi.org", "https://pypi.org/simple"]\n',
+            "allowed_hosts[1]: 'https://pypi.org/simple' is a URL; give its host only",
+        ),
+        (
+            '[environment]\nnetwork_mode = "allowlist"\nallowed_hosts = ["files.*.org"]\n',
+            "allowed_hosts[0]: 'files.*.org': a wildcard is only allowed as a leading '*.'",
+        ),
     ],
 )
 def test_bad_harbor_values_are_problems(tmp_path, toml, message):
     make_task(tmp_path, "t", toml=toml)
     task, problems = load_task("t", tmp_path / "t", "tasks[0]", host_env={})
     assert task is None and message in "\n".join(map(str, problems))
+
+
+def test_an_allowlist_is_read_in_harbors_normal_form(tmp_path):
+    make_task(
+        tmp_path,
+        "t",
+        toml=(
+            '[environment]\nnetwork_mode = "allowlist"\n'
+            'allowed_hosts = ["PyPI.org.", "*.Example.com", "10.0.0.0/8", "::1", "pypi.org"]\n'
+        ),
+    )
+    task, problems = load_task("t", tmp_path / "t", "tasks[0]", host_env={})
+    assert not problems and task is not None, problems
+    assert task.network_mode == "allowlist" and not task.warnings
+    assert task.allowed_hosts == ("pypi.org", "*.example.com", "10.0.0.0/8", "::1")

@@ -64,6 +64,9 @@ TOO_DEEP = "<wrapped too deep>"
 CHECK_FAILED = "<check failed>"
 """The rule named when checking itself failed: the request is blocked, never let through
 (an exception in a mitmproxy hook would otherwise let the flow continue)."""
+NOT_ALLOWED = "<not in allowed_hosts>"
+"""The rule named when a task's allowlist (task.toml `network_mode = "allowlist"`) does
+not name the request's host."""
 
 _C0_AND_SPACE = "".join(map(chr, range(0x21)))
 _TAB_OR_NEWLINE = re.compile(r"[\t\n\r]")
@@ -597,6 +600,81 @@ def canonical_entry(entry: str) -> str:
         raise PolicyError("not a valid blocklist entry", [Problem(entry[:80], str(exc))]) from None
 
 
+# -- allowlists (task.toml network_mode = "allowlist") ---------------------------------------
+
+_ALLOWED_LABEL = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?")
+
+
+def allowed_host_entry(raw: str) -> str:
+    """One `allowed_hosts` entry in Harbor 0.26's normal form: a host name
+    (`example.com`, that host only), a leading wildcard (`*.example.com`, its subdomains),
+    an IP address or an IP network in CIDR form. Raises ValueError naming the fix."""
+    host = raw.strip().lower().rstrip(".") if isinstance(raw, str) else None
+    if not host:
+        raise ValueError("must be a non-empty host name, IP address or IP network")
+    if "://" in host:
+        raise ValueError(f"'{_short(raw, 60)}' is a URL; give its host only (such as example.com)")
+    if "/" in host:
+        try:
+            return ipaddress.ip_network(host, strict=True).compressed
+        except ValueError:
+            raise ValueError(
+                f"'{_short(raw, 60)}' is not an IP network in CIDR form (such as "
+                "192.0.2.0/24); entries are host names, IP addresses or IP networks, not URLs"
+            ) from None
+    if ":" in host:
+        try:
+            return ipaddress.IPv6Address(host).compressed
+        except ValueError:
+            raise ValueError(
+                f"'{_short(raw, 60)}' is not a host: entries are host names, IP addresses or "
+                "IP networks, without a scheme, port or path"
+            ) from None
+    name = host[2:] if host.startswith("*.") else host
+    if "*" in name:
+        raise ValueError(f"'{_short(raw, 60)}': a wildcard is only allowed as a leading '*.'")
+    if _ip(name):
+        if host.startswith("*."):
+            raise ValueError(f"'{_short(raw, 60)}': a wildcard needs a host name, not an address")
+        return ipaddress.IPv4Address(name).compressed
+    if not all(_ALLOWED_LABEL.fullmatch(label) for label in name.split(".")):
+        raise ValueError(
+            f"'{_short(raw, 60)}' is not a valid host name (letters, digits, hyphens and "
+            "dots; a leading '*.' for subdomains)"
+        )
+    return host
+
+
+class _Allowlist:
+    """The hosts a task allows: every other destination is blocked."""
+
+    def __init__(self, entries: Sequence[str]) -> None:
+        self.entries = tuple(sorted(set(entries)))
+        self._names = frozenset(e for e in self.entries if not e.startswith("*.") and not _ip(e))
+        self._suffixes = tuple(e[1:] for e in self.entries if e.startswith("*."))
+        self._networks = tuple(ipaddress.ip_network(e) for e in self.entries if _ip(e) or "/" in e)
+
+    def allows(self, host: str) -> bool:
+        """Whether canonical `host` (as `canonical_host` gives it) is allowed. An address
+        is matched only in its standard form: any other spelling of it is refused."""
+        bare = host[1:-1] if host.startswith("[") else host
+        try:
+            address = ipaddress.ip_address(bare)
+        except ValueError:
+            return host in self._names or host.endswith(self._suffixes)
+        if address.compressed != bare:
+            return False
+        return any(address in network for network in self._networks)
+
+
+def _ip(entry: str) -> bool:
+    try:
+        ipaddress.ip_address(entry)
+    except ValueError:
+        return False
+    return True
+
+
 # -- presets -------------------------------------------------------------------------------
 
 
@@ -747,7 +825,15 @@ def _preset(name: str) -> Preset:
 class EgressPolicy:
     """A preset plus spec entries, compiled for per-request checks."""
 
-    def __init__(self, preset: str = "terminal-bench", block: Sequence[str] = ()) -> None:
+    def __init__(
+        self,
+        preset: str = "terminal-bench",
+        block: Sequence[str] = (),
+        allow: Sequence[str] | None = None,
+    ) -> None:
+        """`allow`: a task's `allowed_hosts` (network_mode = "allowlist"): only these
+        hosts may be reached, and the blocklist still applies to them. None: no
+        allowlist (every host the blocklist does not match)."""
         self._preset = _preset(preset)
         problems: list[Problem] = []
         spec_rules: list[Rule] = []
@@ -756,6 +842,12 @@ class EgressPolicy:
                 spec_rules.append(_parse_entry(entry, "spec entry, executor.config.egress.block"))
             except ValueError as exc:
                 problems.append(Problem(f"block[{i}]", str(exc)))
+        allowed: list[str] = []
+        for i, entry in enumerate(allow or ()):
+            try:
+                allowed.append(allowed_host_entry(entry))
+            except ValueError as exc:
+                problems.append(Problem(f"allowed_hosts[{i}]", str(exc)))
         if problems:
             raise PolicyError("the egress policy has invalid entries:", problems)
         preset_rules = [
@@ -780,18 +872,23 @@ class EgressPolicy:
             else:
                 paths = self._subdomain_paths if rule.subdomains_only else self._domain_paths
                 paths.setdefault(rule.host, []).append(rule)
-        self._json = json.dumps(
-            {
-                "format": POLICY_FORMAT,
-                "preset": self._preset.name,
-                "presetVersion": self._preset.version,
-                "block": list(self.block),
-            },
-            sort_keys=True,
-            separators=(",", ":"),
+        self._allowlist = _Allowlist(allowed) if allow is not None else None
+        self.allow: tuple[str, ...] | None = (
+            self._allowlist.entries if self._allowlist is not None else None
         )
+        """The allowed hosts, canonical, sorted; None when there is no allowlist."""
+        document: dict[str, object] = {
+            "format": POLICY_FORMAT,
+            "preset": self._preset.name,
+            "presetVersion": self._preset.version,
+            "block": list(self.block),
+        }
+        if self.allow is not None:
+            document["allow"] = list(self.allow)
+        self._json = json.dumps(document, sort_keys=True, separators=(",", ":"))
         self.digest: str = hashlib.sha256(self._json.encode("utf-8")).hexdigest()
-        """sha256 (hex) of the canonical JSON: preset name and version, spec entries."""
+        """sha256 (hex) of the canonical JSON: preset name and version, spec entries,
+        and the allowlist when there is one."""
 
     @property
     def preset(self) -> Preset:
@@ -801,7 +898,8 @@ class EgressPolicy:
     def __repr__(self) -> str:
         return (
             f"EgressPolicy(preset={self._preset.name!r}, block={list(self.block)!r}, "
-            f"digest={self.digest[:12]!r})"
+            + (f"allow={list(self.allow)!r}, " if self.allow is not None else "")
+            + f"digest={self.digest[:12]!r})"
         )
 
     def __eq__(self, other: object) -> bool:
@@ -824,7 +922,7 @@ class EgressPolicy:
         except ValueError as exc:
             raise PolicyError(f"{source} is not JSON", [Problem(source, str(exc))]) from None
         expected = {"format", "preset", "presetVersion", "block"}
-        if not isinstance(data, dict) or set(data) != expected:
+        if not isinstance(data, dict) or set(data) - {"allow"} != expected:
             found = sorted(data) if isinstance(data, dict) else type(data).__name__
             raise PolicyError(
                 f"{source} is not an egress policy",
@@ -857,8 +955,16 @@ class EgressPolicy:
                 f"{source} is not an egress policy",
                 [Problem(f"{source}.block", "must be a list of strings")],
             )
+        allow = data.get("allow")
+        if allow is not None and (
+            not isinstance(allow, list) or not all(isinstance(e, str) for e in allow)
+        ):
+            raise PolicyError(
+                f"{source} is not an egress policy",
+                [Problem(f"{source}.allow", "must be a list of strings")],
+            )
         try:
-            return cls(name, block)
+            return cls(name, block, allow)
         except PolicyError as exc:
             raise PolicyError(
                 f"{source}: {exc.summary}",
@@ -974,6 +1080,8 @@ class EgressPolicy:
                     return Verdict(
                         True, rule.entry, f"{_via(normal, depth)}{where} matches ({rule.why})"
                     )
+        if self._allowlist is not None and not self._allowlist.allows(request.host):
+            return self._not_allowed(request.host)
         if unwrapped.truncated:
             return Verdict(
                 True,
@@ -1009,7 +1117,17 @@ class EgressPolicy:
             rule = self._host_rule(name) or self._name_in_host(name)
             if rule is not None:
                 return Verdict(True, rule.entry, f"host {name} matches ({rule.why})")
+        if self._allowlist is not None and not self._allowlist.allows(canonical):
+            return self._not_allowed(canonical)
         return Verdict(False, None, "no host rule matches")
+
+    def _not_allowed(self, host: str) -> Verdict:
+        return Verdict(
+            True,
+            NOT_ALLOWED,
+            f"host {host} is not in the task's allowed_hosts (task.toml network_mode = "
+            "'allowlist')",
+        )
 
 
 def _via(url: NormalizedUrl, depth: int) -> str:

@@ -42,8 +42,9 @@ class CellEgress:
     teardown_sec: float = 0.0
     _finished: bool = field(default=False, repr=False)
 
-    def plan(self) -> EgressPlan:
-        """What the relay needs: the namespace to join and check, the proxy to name."""
+    def plan(self, verifier_uses_proxy: bool = False) -> EgressPlan:
+        """What the relay needs: the namespace to join and check, the proxy to name (to
+        the verifier too, when `verifier_uses_proxy`)."""
         return EgressPlan(
             namespace=self.network.path,
             namespace_identity=self.network.identity,
@@ -52,6 +53,7 @@ class CellEgress:
             proxy_port=self.proxy.port,
             ca_cert=str(self.proxy.ca_cert_path),
             policy_digest=self.policy.digest,
+            verifier_uses_proxy=verifier_uses_proxy,
         )
 
     def timings(self) -> dict[str, float]:

@@ -72,7 +72,7 @@ from maka_eval.local.events import (
     RunStarted,
     ignore,
 )
-from maka_eval.local.plans import attempt_plan, egress_mode
+from maka_eval.local.plans import attempt_plan, egress_policy
 from maka_eval.local.prerequisites import (
     ResolvedCommands,
     _prefix,
@@ -84,7 +84,6 @@ from maka_eval.relay.outcome import AttemptOutcome, build_kernel
 from maka_eval.relay.plan import MeteringPlan
 from maka_eval.relay.processes import CancelToken, ProcessSupervisor
 from maka_eval.sandbox.container import remove_leftovers
-from maka_eval.spec.egress import policy_of
 from maka_eval.spec.load import LoadedExperiment
 from maka_eval.spec.metering import prices_of
 from maka_eval.spec.task_directory import TaskDefinition, benchmark_root
@@ -198,7 +197,10 @@ class LocalRun:
         self._work: Path | None = None
         self._host_problem: str | None = None
         self._hidden: tuple[str, ...] = ()
-        self._egress_policy: EgressPolicy | None = policy_of(self.experiment.spec.executor_egress)
+        # Each task's proxy policy: the spec's blocklist, and a task's own allowlist.
+        self._egress_policies: dict[str, EgressPolicy | None] = {
+            tid: egress_policy(self.experiment, task) for tid, task in self.tasks.items()
+        }
         # A plug-in executor (executors/attempts.py) runs each attempt in place of the
         # in-process relay; the run loop, the store and the events stay these.
         self._plugin = plugin_of(self.experiment)
@@ -258,7 +260,7 @@ class LocalRun:
                 self._plugin_attempts.prepare(
                     writer, self.run_dir, self._work, self.loaded.base_dir
                 )
-            if self._egress_policy is not None:
+            if any(p is not None for p in self._egress_policies.values()):
                 netns.remove_leftovers(writer.run_id)
             spending = [r.spending() for rs in writer.contents.records.values() for r in rs]
             budget = self.experiment.spec.budget
@@ -478,13 +480,14 @@ class LocalRun:
         # The proxy signs its provider-usage checkpoint with this token; the relay (not
         # the subject) verifies it when the result frame is missing.
         result_token = secrets.token_hex(16)
-        if egress_mode(self.experiment, task) == "proxy" and self._egress_policy is not None:
+        policy = self._egress_policies.get(cell.task_id)
+        if policy is not None:
             try:
                 egress = start_cell_egress(
                     run_id=writer.run_id,
                     cell_id=cell.id,
                     folder=attempt_root.with_name(attempt_root.name + ".egress"),
-                    policy=self._egress_policy,
+                    policy=policy,
                     result_token=result_token,
                 )
             except (netns.NetnsError, ProxyStartError, OSError) as exc:
@@ -500,7 +503,11 @@ class LocalRun:
                 attempt_root=attempt_root,
                 artifacts_dir=slot.artifacts_dir,
                 hidden=self._hidden,
-                egress=egress.plan() if egress is not None else None,
+                egress=(
+                    egress.plan(verifier_uses_proxy=task.network_mode == "allowlist")
+                    if egress is not None
+                    else None
+                ),
             )
             redactor = Redactor.of(
                 {name: self.host_env[name] for name in plan.redact if self.host_env.get(name)}
@@ -549,11 +556,7 @@ class LocalRun:
             finished=outcome.finished_at,
             timings=timings,
             host=self._host,
-            egress_policy_digest=(
-                self._egress_policy.digest
-                if self._egress_policy is not None and egress_mode(self.experiment, task) == "proxy"
-                else None
-            ),
+            egress_policy_digest=policy.digest if policy is not None else None,
         )
         writer.commit(slot, record)
         if not self.options.keep_workspaces:

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from maka_eval.egress.policy import EgressPolicy
 from maka_eval.engine.expand import Cell
 from maka_eval.engine.launch import SOLUTION_DIR_NAME, subject_launch
 from maka_eval.local.prerequisites import ResolvedCommands
 from maka_eval.relay.plan import AttemptPlan, ContainerPlan, EgressPlan, step_plans
 from maka_eval.sandbox.container import build_tag
+from maka_eval.spec.egress import policy_of
 from maka_eval.spec.experiment import Experiment
 from maka_eval.spec.subjects import ExternalSubject, MakaSubject, Subject
 from maka_eval.spec.task_directory import TaskDefinition
@@ -105,11 +107,28 @@ def attempt_plan(
 def egress_mode(experiment: Experiment, task: TaskDefinition) -> str | None:
     """How the cells of `task` reach the network under executor.config.egress: 'proxy'
     (a policed namespace), 'none' (loopback only) or None (no policy declared). A task
-    whose task.toml says allow_internet = false gets 'none', whatever the spec says."""
+    whose task.toml says allow_internet = false gets 'none', whatever the spec says; one
+    whose network_mode is 'allowlist' is policed by the proxy, with or without a spec
+    policy (unless the spec allows no network at all)."""
     config = experiment.spec.executor_egress
+    if task.network_mode == "allowlist":
+        return "none" if config is not None and config.mode == "none" else "proxy"
     if config is None:
         return None
     return "none" if task.network_mode == "no-network" else config.mode
+
+
+def egress_policy(experiment: Experiment, task: TaskDefinition) -> EgressPolicy | None:
+    """The policy the proxy of a cell of `task` enforces (None: no proxy): the spec's
+    blocklist, and for an 'allowlist' task its allowed_hosts on top."""
+    if egress_mode(experiment, task) != "proxy":
+        return None
+    config = experiment.spec.executor_egress
+    if task.network_mode != "allowlist":
+        return policy_of(config)
+    if config is None:
+        return EgressPolicy("none", (), task.allowed_hosts)
+    return EgressPolicy(config.preset, config.block, task.allowed_hosts)
 
 
 def _named_command(subject: Subject, runtime_host: str | None) -> str | None:

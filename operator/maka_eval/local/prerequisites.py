@@ -184,6 +184,10 @@ def check_prerequisites(
             probe.engine,
             prefix,
         )
+    else:
+        problems += _allowlist_problems(
+            spec.tasks, tasks, containers, executor.config.isolation, probe.engine, prefix
+        )
 
     work = host_env.get(WORK_DIR_VARIABLE)
     if work and not (Path(work).is_dir() and os.access(work, os.W_OK)):
@@ -271,18 +275,38 @@ def _task_sandboxes(
                     "no NVIDIA runtime; run it on a machine with GPUs, or leave it out",
                 )
             )
-        elif definition.network_mode == "allowlist":
-            problems.append(
-                Problem(
-                    where,
-                    "task.toml asks for network_mode = 'allowlist', which maka-eval's "
-                    "container sandbox cannot enforce yet; nothing runs with a network policy "
-                    "it cannot keep",
-                )
-            )
         else:
             containers.add(task.id)
     return containers
+
+
+def _allowlist_problems(
+    spec_tasks: tuple[Task, ...],
+    tasks: Mapping[str, TaskDefinition],
+    containers: set[str],
+    isolation: str,
+    engine: EngineInfo | None,
+    prefix: str,
+) -> list[Problem]:
+    """What stops this machine from keeping the allowlists of tasks whose task.toml says
+    network_mode = 'allowlist': each cell's proxy keeps it, as it keeps a spec policy."""
+    listed = tuple(
+        t for t in spec_tasks if t.id in tasks and tasks[t.id].network_mode == "allowlist"
+    )
+    if not listed:
+        return []
+    return _egress_problems(
+        EgressConfig(mode="proxy"),
+        listed,
+        tasks,
+        containers,
+        isolation,
+        engine,
+        prefix,
+        where=f"{prefix}tasks ({', '.join(t.id for t in listed)})",
+        asked="network_mode = 'allowlist' (task.toml)",
+        remedy="leave those tasks out",
+    )
 
 
 def _egress_problems(
@@ -293,10 +317,16 @@ def _egress_problems(
     isolation: str,
     engine: EngineInfo | None,
     prefix: str,
+    *,
+    where: str | None = None,
+    asked: str | None = None,
+    remedy: str = "remove executor.config.egress",
 ) -> list[Problem]:
-    """What stops this machine from enforcing executor.config.egress: a declared policy
-    never runs unenforced (DESIGN.md section 6)."""
-    where = f"{prefix}executor.config.egress"
+    """What stops this machine from enforcing executor.config.egress (or, through
+    `_allowlist_problems`, the tasks' allowlists): a declared policy never runs
+    unenforced (DESIGN.md section 6)."""
+    where = where or f"{prefix}executor.config.egress"
+    asked = asked or f"mode '{egress.mode}'"
     known = [t.id for t in spec_tasks if t.id in tasks]
     # allow_internet = false in task.toml wins: those cells get no network, no proxy.
     policed = [tid for tid in known if tasks[tid].network_mode != "no-network"]
@@ -307,16 +337,16 @@ def _egress_problems(
             problems.append(
                 Problem(
                     where,
-                    f"mode 'proxy' declares an egress policy, but {why}; a declared policy "
+                    f"{asked} declares an egress policy, but {why}; a declared policy "
                     "never runs unenforced (run maka-eval as root on Linux with iproute2 and "
-                    "nftables, or remove executor.config.egress)",
+                    f"nftables, or {remedy})",
                 )
             )
         if not mitmdump_path().is_file():
             problems.append(
                 Problem(
                     where,
-                    f"mode 'proxy' runs each cell's proxy with {mitmdump_path()}, which does "
+                    f"{asked} runs each cell's proxy with {mitmdump_path()}, which does "
                     "not exist; install maka-eval with its dependencies (mitmproxy) into this "
                     "environment",
                 )
@@ -326,11 +356,10 @@ def _egress_problems(
             problems.append(
                 Problem(
                     where,
-                    f"mode 'proxy' puts each container in the cell's policed network "
+                    f"{asked} puts each container in the cell's policed network "
                     f"namespace by path, which {engine.describe()} cannot do (only Podman "
                     f"has the ns: network mode); tasks {', '.join(in_containers)} need it: "
-                    "use Podman (hack/podman.sh up, DOCKER_HOST) or remove "
-                    "executor.config.egress",
+                    f"use Podman (hack/podman.sh up, DOCKER_HOST) or {remedy}",
                 )
             )
     as_processes = [tid for tid in known if tid not in containers]
@@ -339,10 +368,10 @@ def _egress_problems(
         problems.append(
             Problem(
                 where,
-                f"mode '{egress.mode}' needs every task run as processes "
+                f"{asked} needs every task run as processes "
                 f"({', '.join(as_processes)}) to have its own network namespace, but {why}; "
-                "set executor.config.isolation to namespaces (root, bubblewrap) or remove "
-                "executor.config.egress",
+                "set executor.config.isolation to namespaces (root, bubblewrap) or "
+                f"{remedy}",
             )
         )
     return problems

@@ -47,7 +47,7 @@ from maka_eval.relay.gate import PROBE_TIMEOUT_SEC, probe_argv, read_evidence, r
 from maka_eval.relay.metering import recover_metered
 from maka_eval.relay.outcome import AttemptOutcome, build_kernel
 from maka_eval.relay.output import DiskFull, OutputCapture
-from maka_eval.relay.plan import AttemptPlan, StepPlan
+from maka_eval.relay.plan import AttemptPlan, EgressPlan, StepPlan
 from maka_eval.relay.processes import CancelToken, ProcessSupervisor, WaitEnd
 from maka_eval.relay.steps import StepOutcome
 from maka_eval.relay.verifier import read_reward
@@ -353,6 +353,14 @@ class _Attempt:
             values[f"MAKA_EVAL_{name.upper()}_DIR"] = inside(layout.root / name)
         return values
 
+    def _egress_environment(self, phase: Phase, egress: EgressPlan) -> dict[str, str]:
+        """The proxy's variables and its CA, as `phase` sees them."""
+        ca = egress.ca_cert
+        return egress_environment(
+            f"http://{egress.proxy_name}:{egress.proxy_port}",
+            self._inside(phase, ca) if ca is not None else None,
+        )
+
     def run_subject(
         self, timeout: float | None = None, user: str | None = None, prefix: str = "subject"
     ) -> Execution:
@@ -364,13 +372,7 @@ class _Attempt:
             self.base_env, self._attempt_vars(), plan.subject.env, self.credentials
         )
         if plan.egress is not None:
-            ca = plan.egress.ca_cert
-            env.update(
-                egress_environment(
-                    f"http://{plan.egress.proxy_name}:{plan.egress.proxy_port}",
-                    self._inside(Phase.SUBJECT, ca) if ca is not None else None,
-                )
-            )
+            env.update(self._egress_environment(Phase.SUBJECT, plan.egress))
         out, err = self._capture(prefix)
         try:
             proc = self.sandbox.spawn(
@@ -463,6 +465,8 @@ class _Attempt:
                 "MAKA_EVAL_TASK_ID": plan.task_id,
             }
         )
+        if plan.egress is not None and plan.egress.verifier_uses_proxy:
+            env.update(self._egress_environment(Phase.VERIFIER, plan.egress))
         env.update(self.base_env)
         out, err = self._capture(f"steps/{step.name}/verifier" if step else "verifier")
         try:

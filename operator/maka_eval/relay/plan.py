@@ -49,7 +49,8 @@ class ContainerPlan:
     storage_mb: int | None = None
     gpus: int = 0
     network: str = "public"
-    """Harbor's network_mode: 'public' (the engine's default network) or 'no-network'."""
+    """Harbor's network_mode: 'public' (the engine's default network), 'no-network', or
+    'allowlist' (the cell's policed namespace, whose proxy keeps the allowlist)."""
     env: Mapping[str, str] = field(default_factory=dict)
     """task.toml's [environment] env: set in the container for every process."""
     program: str | None = None
@@ -79,6 +80,10 @@ class EgressPlan:
     """Host path of the proxy's CA certificate (the key never leaves the proxy's folder),
     shown read-only to the subject."""
     policy_digest: str | None = None
+    verifier_uses_proxy: bool = False
+    """Whether the verifier is told of the proxy too: for a task whose own allowlist the
+    proxy keeps (task.toml network_mode = 'allowlist'), whose tests may fetch from the
+    hosts it lists, as under Harbor. Otherwise the verifier gets no proxy variables."""
 
 
 @dataclass(frozen=True)
@@ -276,6 +281,15 @@ def with_task_settings(plan: AttemptPlan) -> AttemptPlan:
     task, problems = load_task(plan.task_id, Path(plan.task_dir), f"task {plan.task_id}")
     if task is None:
         raise PlanError("; ".join(f"{p.where}: {p.message}" for p in problems))
+    if task.network_mode == "allowlist":
+        # The Pod's egress sidecar keeps the experiment's policy, not a task's own list:
+        # running the task with a wider network than it declares would be wrong, and
+        # with none would fail it for a reason that is not its own.
+        raise PlanError(
+            f"{task.root}/task.toml asks for network_mode = 'allowlist', which the "
+            "kubernetes executor cannot keep yet (its egress sidecar carries the "
+            "experiment's policy only); run the task with executor.kind local, or leave it out"
+        )
     subject = plan.subject
     if SOLUTION_DIR_NAME in subject.extra_dirs:
         if task.solution_dir is None:

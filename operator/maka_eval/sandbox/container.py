@@ -662,6 +662,9 @@ class ContainerSandbox:
         }
         if plan.network == "no-network":
             kwargs["network_mode"] = "none"
+        elif plan.network == "allowlist" and self.network is None:
+            # Its allowlist is kept by the cell's proxy: never the open network instead.
+            raise OSError("the task's allowlist needs the cell's policed network, which it lacks")
         elif self.network is not None:
             net = self.network
             # Podman joins a namespace by path; there is no resolver in it, so the proxy's

@@ -325,9 +325,13 @@ class Namespaces(_Supervised):
         args += ["--bind", lay.agent_logs, Layout.AGENT_LOGS_PATH]
         for host, inside in lay.subject_dirs.items():
             args += ["--ro-bind", host, host, "--ro-bind", host, inside]
-        if self.network is not None and self.network.ca_cert is not None:
-            args += ["--ro-bind", self.network.ca_cert, self.network.ca_cert]
-        return args
+        return args + self._ca_cert()
+
+    def _ca_cert(self) -> list[str]:
+        """The proxy's CA certificate (public), read-only, where both phases find it."""
+        if self.network is None or self.network.ca_cert is None:
+            return []
+        return ["--ro-bind", self.network.ca_cert, self.network.ca_cert]
 
     def _verifier_view(self) -> list[str]:
         lay = self.layout
@@ -336,6 +340,7 @@ class Namespaces(_Supervised):
             *("--bind", lay.tests, lay.tests, "--bind", lay.tests, Layout.TESTS_PATH),
             *("--bind", lay.verifier_logs, lay.verifier_logs),
             *("--bind", lay.verifier_logs, Layout.VERIFIER_LOGS_PATH),
+            *self._ca_cert(),
         ]
 
     def path_of(self, phase: Phase, host_path: str) -> str:

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from maka_eval.egress.policy import allowed_host_entry
 from maka_eval.errors import Problem, TaskError
 from maka_eval.spec.experiment import Experiment
 
@@ -67,6 +68,9 @@ class TaskDefinition:
     network_mode: str = "public"
     """Harbor's `public` (the default), `no-network` (also `allow_internet = false`) or
     `allowlist`."""
+    allowed_hosts: tuple[str, ...] = ()
+    """`[environment] allowed_hosts` of an `allowlist` task, in Harbor's normal form (host
+    names, `*.` wildcards, IP addresses and networks): the only hosts it may reach."""
     warnings: tuple[str, ...] = ()
     """Fields of task.toml that are unknown or not honoured, each naming the file."""
     steps: tuple[TaskStep, ...] = ()
@@ -171,6 +175,7 @@ _HONOURED: dict[str, frozenset[str]] = {
     "environment": frozenset(
         {"build_timeout_sec", "docker_image", "os", "cpus", "memory_mb", "storage_mb", "gpus"}
         | {"env", "workdir", "network_mode", "allow_internet", "memory", "storage"}
+        | {"allowed_hosts"}
     ),
 }
 _NOT_HONOURED: dict[str, frozenset[str]] = {
@@ -178,9 +183,7 @@ _NOT_HONOURED: dict[str, frozenset[str]] = {
     "verifier": frozenset(
         {"network_mode", "allowed_hosts", "environment_mode", "environment", "collect"}
     ),
-    "environment": frozenset(
-        {"gpu_types", "tpu", "mcp_servers", "skills_dir", "healthcheck", "allowed_hosts"}
-    ),
+    "environment": frozenset({"gpu_types", "tpu", "mcp_servers", "skills_dir", "healthcheck"}),
 }
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT])i?B?\s*$", re.IGNORECASE)
 _SIZE_MB = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}
@@ -325,6 +328,31 @@ class _TaskToml:
         elif allow is False and mode == "public":
             return "no-network"  # Harbor maps the deprecated flag the same way
         return str(mode)
+
+    def allowed_hosts(self, mode: str) -> tuple[str, ...]:
+        """`[environment] allowed_hosts`, normalized; only with network_mode = allowlist."""
+        hosts = self.table("environment").get("allowed_hosts")
+        where = f"{self.path} [environment]"
+        if hosts is None:
+            return ()
+        if mode != "allowlist":
+            message = (
+                "allowed_hosts is only valid with network_mode = 'allowlist'; set it or remove them"
+            )
+            self.problems.append(Problem(where, message))
+            return ()
+        if not isinstance(hosts, list):
+            self.problems.append(
+                Problem(where, f"allowed_hosts must be a list of hosts, got {hosts!r}")
+            )
+            return ()
+        found: list[str] = []
+        for i, host in enumerate(hosts):
+            try:
+                found.append(allowed_host_entry(host))
+            except ValueError as exc:
+                self.problems.append(Problem(where, f"allowed_hosts[{i}]: {exc}"))
+        return tuple(dict.fromkeys(found))
 
     def string(self, section: str, name: str) -> str | None:
         value = self.table(section).get(name)
@@ -600,6 +628,7 @@ def load_task(
         "network_mode": toml.network_mode(),
         "gpus": toml.gpus(),
     }
+    definition_fields["allowed_hosts"] = toml.allowed_hosts(definition_fields["network_mode"])
     steps: tuple[TaskStep, ...] = ()
     strategy = "mean"
     if multi_step:
