@@ -229,6 +229,27 @@ def test_a_min_reward_table_and_a_failing_setup_end_the_steps(tmp_path):
     check_min_reward_table_and_failed_setup(process_bench(tmp_path))
 
 
+@needs_namespaces
+def test_a_step_whose_healthcheck_fails_ends_the_steps(tmp_path):
+    # Harbor's step healthcheck runs after the step's setup.sh, before its subject; an
+    # environment that never becomes healthy ends the attempt there.
+    bench = process_bench(tmp_path)
+    check = (
+        'name = "append"\n'
+        "healthcheck = { command = 'echo missing; test -f never-made', interval_sec = 0.01, "
+        "retries = 2 }\n"
+    )
+    bench.task("notes", ('name = "append"\n', check))
+    record = bench.run([ORACLE])["notes::1::oracle"]
+    assert record.status is S.INFRA_FAILED, record.result
+    assert "its healthcheck failed 2 time(s) in a row" in (record.result.reason or "")
+    notes = " ".join(record.result.notes)
+    assert "the remaining steps did not run (finish)" in notes
+    assert record.result.metrics.get("step.create.reward") == 1.0
+    assert "step.append.reward" not in record.result.metrics
+    assert bench.artifact(record, "steps/append/healthcheck.out").strip() == "missing"
+
+
 SNOOP = r"""
 find / -xdev \( -name append-only.txt -o -name lib.sh -o -name reward.json \) 2>/dev/null
 ls /tests /logs/verifier 2>&1

@@ -8,10 +8,12 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from maka_eval.contract.kernel import ResultKernel
 from maka_eval.engine.status import AttemptStatus
+from maka_eval.relay.plan import AttemptPlan, HealthcheckPlan, StepPlan
 from tests.relay.conftest import sh
 
 LIGHT = ("pydantic", "typer", "rich", "yaml", "click", "docker", "requests")
@@ -103,3 +105,12 @@ def test_a_container_plan_survives_json(plan_for):
     assert AttemptPlan.from_json(plan.to_json()) == plan
     with pytest.raises(PlanError, match="exactly when isolation is 'container'"):
         AttemptPlan.from_json(replace(plan, isolation="none").to_json())
+
+
+def test_the_plan_carries_healthchecks_to_the_relay_program(plan_for):
+    check = HealthcheckPlan("curl -f localhost:8080", interval_sec=1, retries=5)
+    step = StepPlan("one", "i.md", ("tests",), 10.0, 10.0, healthcheck=check)
+    plan = replace(plan_for(["true"]), healthcheck=check, steps=(step,))
+    again = AttemptPlan.from_json(plan.to_json())
+    assert again.healthcheck == check and again.steps[0].healthcheck == check
+    assert "healthcheck" not in plan_for(["true"]).to_json()

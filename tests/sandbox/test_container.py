@@ -389,3 +389,26 @@ def test_containers_left_by_a_writer_that_died_are_removed(container_engine, tmp
     assert container_backend.leftover_containers(container_engine, run_id) == [orphan.id]
     bench.run(again=True)  # resumes: nothing to run, and the orphan is gone
     assert container_backend.leftover_containers(container_engine, run_id) == []
+
+
+def test_the_environment_healthcheck_runs_in_the_container_before_the_subject(
+    container_engine, tmp_path
+):
+    # Podman marks its containers with /run/.containerenv: the check runs inside, first.
+    check = (
+        "[environment.healthcheck]\n"
+        "command = 'test -f /run/.containerenv && date +%s%N > /tmp/healthy && echo in-container'\n"
+    )
+    subject = sh("after", "test -f /tmp/healthy && echo 42 > /answer.txt")
+    bench = Bench(tmp_path, container_engine, [subject])
+    bench.task(
+        "checked",
+        '[environment]\ndocker_image = "debian:bookworm-slim"\n' + check,
+        '#!/bin/sh\n[ "$(cat /answer.txt)" = 42 ] && r=1 || r=0\n'
+        "echo $r > /logs/verifier/reward.txt\n",
+    )
+    _, run_dir = bench.run()
+    record = records(run_dir)["checked::1::after"]
+    assert (record.status, record.result.score) == (S.COMPLETED, 1.0), record.result
+    said = artifact_path(run_dir, record, "healthcheck.out").read_text()
+    assert said.strip() == "in-container"

@@ -10,7 +10,7 @@ import pytest
 
 from maka_eval.errors import TaskError
 from maka_eval.spec.load import experiment_from_data
-from maka_eval.spec.task_directory import directory_digest, load_task, load_tasks
+from maka_eval.spec.task_directory import Healthcheck, directory_digest, load_task, load_tasks
 from tests.helpers import make_task, spec
 
 
@@ -269,7 +269,7 @@ def test_unknown_and_unhonoured_fields_are_warnings_naming_the_file(tmp_path):
             '[task]\nname = "org/t"\n[metadata]\nanything = 1\n'
             "[agent]\ntimeout = 5\n"
             '[verifier]\nenvironment_mode = "shared"\n'
-            '[environment]\nhealthcheck = { command = "true" }\nmcp_servers = []\n'
+            '[environment]\nskills_dir = "skills"\nmcp_servers = []\n'
         ),
     )
     task, problems = load_task("t", tmp_path / "t", "tasks[0]", host_env={})
@@ -278,7 +278,7 @@ def test_unknown_and_unhonoured_fields_are_warnings_naming_the_file(tmp_path):
     assert all(w.startswith(toml + ": ") for w in task.warnings)
     text = "\n".join(task.warnings)
     assert "unknown field colour" in text and "unknown field [agent] timeout" in text
-    assert "[environment] healthcheck is not honoured" in text
+    assert "[environment] skills_dir is not honoured" in text
     assert "artifacts are not collected" in text
     assert len(task.warnings) == 4  # [task], [metadata], empty or default values: silent
 
@@ -294,6 +294,22 @@ def test_unknown_and_unhonoured_fields_are_warnings_naming_the_file(tmp_path):
         ("[environment]\nmemory_mb = 1.5\n", "memory_mb must be a positive whole number"),
         ("[agent]\nuser = true\n", "user must be a user name or a numeric uid"),
         ('[environment]\ndocker_image = ""\n', "docker_image must be a non-empty string"),
+        (
+            '[environment.healthcheck]\ncommand = ""\n',
+            "healthcheck.command must be a shell command",
+        ),
+        (
+            '[environment.healthcheck]\ncommand = "true"\ninterval_sec = -1\nretries = 1.5\n',
+            "healthcheck.interval_sec must be a number of seconds >= 0, got -1",
+        ),
+        (
+            '[environment.healthcheck]\ncommand = "true"\nretries = 1.5\n',
+            "healthcheck.retries must be a whole number >= 0, got 1.5",
+        ),
+        (
+            '[environment.healthcheck]\ncommand = "true"\nintervall_sec = 1\n',
+            "healthcheck has unknown field(s) intervall_sec",
+        ),
         (
             '[environment]\nallowed_hosts = ["pypi.org"]\n',
             "allowed_hosts is only valid with network_mode = 'allowlist'",
@@ -332,3 +348,25 @@ def test_an_allowlist_is_read_in_harbors_normal_form(tmp_path):
     assert not problems and task is not None, problems
     assert task.network_mode == "allowlist" and not task.warnings
     assert task.allowed_hosts == ("pypi.org", "*.example.com", "10.0.0.0/8", "::1")
+
+
+def test_healthchecks_are_read_with_harbors_defaults(tmp_path):
+    make_task(
+        tmp_path,
+        "t",
+        toml=(
+            "[environment.healthcheck]\n"
+            'command = "curl -sf localhost:8080"\nstart_period_sec = 2\nretries = 0\n'
+        ),
+    )
+    task, problems = load_task("t", tmp_path / "t", "tasks[0]", host_env={})
+    assert not problems and task is not None, problems
+    assert task.healthcheck == Healthcheck(
+        "curl -sf localhost:8080",
+        interval_sec=5.0,
+        timeout_sec=30.0,
+        start_period_sec=2.0,
+        start_interval_sec=5.0,
+        retries=0,
+    )
+    assert not task.warnings

@@ -8,7 +8,13 @@ from maka_eval.egress.policy import EgressPolicy
 from maka_eval.engine.expand import Cell
 from maka_eval.engine.launch import SOLUTION_DIR_NAME, subject_launch
 from maka_eval.local.prerequisites import ResolvedCommands
-from maka_eval.relay.plan import AttemptPlan, ContainerPlan, EgressPlan, step_plans
+from maka_eval.relay.plan import (
+    AttemptPlan,
+    ContainerPlan,
+    EgressPlan,
+    HealthcheckPlan,
+    step_plans,
+)
 from maka_eval.sandbox.container import build_tag
 from maka_eval.spec.egress import policy_of
 from maka_eval.spec.experiment import Experiment
@@ -90,6 +96,7 @@ def attempt_plan(
         agent_timeout_sec=agent_timeout,
         verifier_timeout_sec=verifier_timeout,
         steps=step_plans(task, agent_timeout, verifier_timeout),
+        healthcheck=HealthcheckPlan.of(task.healthcheck),
         step_reward_strategy=task.step_reward_strategy,
         verifier_env=dict(task.verifier_env),
         score_key=spec.verifier.config.score_key,

@@ -47,7 +47,7 @@ from maka_eval.relay.gate import PROBE_TIMEOUT_SEC, probe_argv, read_evidence, r
 from maka_eval.relay.metering import recover_metered
 from maka_eval.relay.outcome import AttemptOutcome, build_kernel
 from maka_eval.relay.output import DiskFull, OutputCapture
-from maka_eval.relay.plan import AttemptPlan, EgressPlan, StepPlan
+from maka_eval.relay.plan import AttemptPlan, EgressPlan, HealthcheckPlan, StepPlan
 from maka_eval.relay.processes import CancelToken, ProcessSupervisor, WaitEnd
 from maka_eval.relay.steps import StepOutcome
 from maka_eval.relay.verifier import read_reward
@@ -575,16 +575,86 @@ class _Attempt:
             _copy_tree(step.solution_dir, solution)
             for script in solution.glob("*.sh"):
                 _make_executable(script)
-        if step.workdir_dir is None:
-            return None
-        workdir = subject(layout.workspace)
-        try:
-            self.sandbox.upload(step.workdir_dir, workdir, user=step.agent_user)
-        except OSError as exc:
-            return f"its workdir files could not be uploaded: {exc.strerror or exc}"
-        if not os.path.isfile(os.path.join(step.workdir_dir, "setup.sh")):
-            return None
-        return self._run_setup(step, f"{workdir.rstrip('/')}/setup.sh")
+        if step.workdir_dir is not None:
+            workdir = subject(layout.workspace)
+            try:
+                self.sandbox.upload(step.workdir_dir, workdir, user=step.agent_user)
+            except OSError as exc:
+                return f"its workdir files could not be uploaded: {exc.strerror or exc}"
+            if os.path.isfile(os.path.join(step.workdir_dir, "setup.sh")):
+                failed = self._run_setup(step, f"{workdir.rstrip('/')}/setup.sh")
+                if failed is not None:
+                    return failed
+        if step.healthcheck is not None:
+            folder = self.layout.step_dir(step.name)
+            return self._healthy(step.healthcheck, "its healthcheck", step.agent_user, folder)
+        return None
+
+    def _healthy(
+        self,
+        check: HealthcheckPlan,
+        what: str,
+        user: str | None = None,
+        folder: Path | None = None,
+    ) -> str | None:
+        """Harbor's healthcheck loop (Docker HEALTHCHECK semantics): `bash -c command` in
+        the subject's sandbox until it exits 0. Failures within the start period do not
+        count; `retries` consecutive ones after it mean the environment is not healthy.
+        Why it is not (or the run was cancelled meanwhile), or None."""
+        start_period_end = time.monotonic() + check.start_period_sec
+        failures = 0
+        env = {**self.base_env, **self._attempt_vars()}
+        output = (folder or self.layout.root) / "healthcheck.out"
+        while True:
+            in_start_period = time.monotonic() < start_period_end
+            code, said = self._check_once(check, env, user, output)
+            if code == 0:
+                return None
+            if code is None and self.cancel.is_set():
+                return f"the run was cancelled during {what}"
+            if in_start_period:
+                pause = check.start_interval_sec
+            else:
+                failures += 1
+                if failures >= check.retries:
+                    return (
+                        f"{what} failed {failures} time(s) in a row, the environment never "
+                        f"became healthy ({check.command!r}: {said})"
+                    )
+                pause = check.interval_sec
+            if self.cancel.wait(pause):
+                return f"the run was cancelled during {what}"
+
+    def _check_once(
+        self, check: HealthcheckPlan, env: Mapping[str, str], user: str | None, path: Path
+    ) -> tuple[int | None, str]:
+        """One run of the healthcheck's command: its exit code (None: it did not end in
+        time, or the run was cancelled) and what it said last (or why it failed)."""
+        with open(path, "w+b") as out:
+            try:
+                proc = self.sandbox.spawn(
+                    Phase.SUBJECT,
+                    ["bash", "-c", check.command],
+                    env=env,
+                    cwd=self._inside(Phase.SUBJECT, self.layout.workspace),
+                    stdout=out,
+                    stderr=out,
+                    user=user,
+                )
+            except OSError as exc:
+                return 127, f"it could not start: {exc.strerror or exc}"
+            end = self.sandbox.wait(proc, max(check.timeout_sec, 0.001), self.cancel)
+            if end is not WaitEnd.EXITED:
+                with contextlib.suppress(OSError):
+                    proc.kill()  # what it started is ended with the sandbox
+            code = self.sandbox.release(proc)
+            if end is WaitEnd.TIMED_OUT:
+                return None, f"timed out after {check.timeout_sec:g}s"
+            if end is WaitEnd.CANCELLED:
+                return None, "cancelled"
+            out.seek(0)
+            said = self.redactor.text(out.read(1 << 16).decode(errors="replace").strip())
+        return code, f"exit code {code}" + (f", {said[-SETUP_OUTPUT_BYTES:]}" if said else "")
 
     def _run_setup(self, step: StepPlan, script: str) -> str | None:
         """`bash <workdir>/setup.sh`, as Harbor runs it; why it failed, or None."""
@@ -702,6 +772,13 @@ class _Attempt:
             for step in self.plan.steps
             for name in ("reward.json", "reward.txt")
         ]
+        # What the last run of a healthcheck said (the environment's, each step's).
+        candidates.append(("healthcheck.out", layout.root / "healthcheck.out"))
+        candidates += [
+            (f"steps/{step.name}/healthcheck.out", layout.step_dir(step.name) / "healthcheck.out")
+            for step in self.plan.steps
+            if step.healthcheck is not None
+        ]
         candidates.append(("result-frame.json", layout.frame_dir / "result.json"))
         candidates += _agent_files(layout.agent_logs, self.plan.output_limit_bytes)
         target_root = Path(self.plan.artifacts_dir)
@@ -742,6 +819,9 @@ class _Attempt:
             self.prepare()
             self.sandbox.start()
             refused = self.check_gate()
+            if refused is None and self.plan.healthcheck is not None:
+                # Before the group's gate: its subjects start together once all are up.
+                refused = self._healthy(self.plan.healthcheck, "healthcheck")
             t_prepared = time.perf_counter()
             self.pass_gate()
             if refused is not None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any
 
 from maka_eval import strict_json
@@ -112,6 +112,30 @@ class MeteringPlan:
 
 
 @dataclass(frozen=True)
+class HealthcheckPlan:
+    """A task's (or step's) healthcheck, as task.toml gives it (spec.task_directory's
+    `Healthcheck`): the relay runs `command` with bash until it exits 0 (relay.attempt)."""
+
+    command: str
+    interval_sec: float = 5.0
+    timeout_sec: float = 30.0
+    start_period_sec: float = 0.0
+    start_interval_sec: float = 5.0
+    retries: int = 3
+
+    @classmethod
+    def of(cls, check: Any) -> HealthcheckPlan | None:
+        """The plan of a task's `Healthcheck` (None stays None)."""
+        if check is None:
+            return None
+        return cls(**{f.name: getattr(check, f.name) for f in fields(cls)})
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any] | None) -> HealthcheckPlan | None:
+        return cls(**data) if data is not None else None
+
+
+@dataclass(frozen=True)
 class StepPlan:
     """One step of a multi-step task (task.toml `[[steps]]`), its settings resolved:
     the relay runs the steps in order in the same sandbox (relay.steps)."""
@@ -130,11 +154,14 @@ class StepPlan:
     agent_user: str | None = None
     verifier_user: str | None = None
     min_reward: float | Mapping[str, float] | None = None
+    healthcheck: HealthcheckPlan | None = None
+    """Run after the step's setup.sh, before its subject."""
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> StepPlan:
         values = dict(data)
         values["tests_dirs"] = tuple(values.get("tests_dirs", ()))
+        values["healthcheck"] = HealthcheckPlan.from_dict(values.get("healthcheck"))
         return cls(**values)
 
 
@@ -157,6 +184,7 @@ def step_plans(
             min_reward=(
                 dict(step.min_reward) if isinstance(step.min_reward, Mapping) else step.min_reward
             ),
+            healthcheck=HealthcheckPlan.of(step.healthcheck),
         )
         for step in task.steps
     )
@@ -211,6 +239,9 @@ class AttemptPlan:
     """A multi-step task's steps (empty: one step, the plan's own instruction/tests)."""
     step_reward_strategy: str = "mean"
     """How the steps' rewards make the attempt's: 'mean' or 'final' (Harbor's)."""
+    healthcheck: HealthcheckPlan | None = None
+    """task.toml's [environment.healthcheck]: run once the sandbox is up, before the
+    subject (and any step)."""
 
     def to_json(self) -> str:
         """Serialize for the relay program (`python -m maka_eval.relay`)."""
@@ -222,6 +253,8 @@ class AttemptPlan:
         data["visible"] = list(self.visible)
         if not self.steps:
             del data["steps"], data["step_reward_strategy"]
+        if self.healthcheck is None:
+            del data["healthcheck"]
         return json.dumps(data, indent=2, sort_keys=True)
 
     @classmethod
@@ -250,6 +283,7 @@ class AttemptPlan:
                 hidden=tuple(data.pop("hidden", ())),
                 visible=tuple(data.pop("visible", ())),
                 steps=tuple(StepPlan.from_dict(step) for step in data.pop("steps", ())),
+                healthcheck=HealthcheckPlan.from_dict(data.pop("healthcheck", None)),
                 **data,
             )
         except (KeyError, TypeError, ValueError, AttributeError, RecursionError) as exc:
@@ -306,6 +340,7 @@ def with_task_settings(plan: AttemptPlan) -> AttemptPlan:
         subject=subject,
         steps=step_plans(task, agent_timeout, verifier_timeout),
         step_reward_strategy=task.step_reward_strategy,
+        healthcheck=HealthcheckPlan.of(task.healthcheck),
         instruction_file=str(task.instruction_file),
         tests_dir=str(task.tests_dir),
         environment_dir=str(task.environment_dir) if task.environment_dir else None,

@@ -78,6 +78,10 @@ class CancelToken:
     def is_set(self) -> bool:
         return self._event.is_set()
 
+    def wait(self, timeout: float) -> bool:
+        """Sleep up to `timeout` seconds, waking when cancelled; whether it was."""
+        return self._event.wait(timeout)
+
     def fileno(self) -> int:
         """Readable once cancelled (the byte is never drained, so it stays readable)."""
         return self._read

@@ -71,6 +71,9 @@ class TaskDefinition:
     allowed_hosts: tuple[str, ...] = ()
     """`[environment] allowed_hosts` of an `allowlist` task, in Harbor's normal form (host
     names, `*.` wildcards, IP addresses and networks): the only hosts it may reach."""
+    healthcheck: Healthcheck | None = None
+    """`[environment.healthcheck]`: run once the sandbox is up, before any subject; an
+    environment that never becomes healthy is an infrastructure failure."""
     warnings: tuple[str, ...] = ()
     """Fields of task.toml that are unknown or not honoured, each naming the file."""
     steps: tuple[TaskStep, ...] = ()
@@ -175,7 +178,7 @@ _HONOURED: dict[str, frozenset[str]] = {
     "environment": frozenset(
         {"build_timeout_sec", "docker_image", "os", "cpus", "memory_mb", "storage_mb", "gpus"}
         | {"env", "workdir", "network_mode", "allow_internet", "memory", "storage"}
-        | {"allowed_hosts"}
+        | {"allowed_hosts", "healthcheck"}
     ),
 }
 _NOT_HONOURED: dict[str, frozenset[str]] = {
@@ -183,7 +186,7 @@ _NOT_HONOURED: dict[str, frozenset[str]] = {
     "verifier": frozenset(
         {"network_mode", "allowed_hosts", "environment_mode", "environment", "collect"}
     ),
-    "environment": frozenset({"gpu_types", "tpu", "mcp_servers", "skills_dir", "healthcheck"}),
+    "environment": frozenset({"gpu_types", "tpu", "mcp_servers", "skills_dir"}),
 }
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT])i?B?\s*$", re.IGNORECASE)
 _SIZE_MB = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}
@@ -403,9 +406,71 @@ class _TaskToml:
 
 
 _STEP_NAME_INVALID = re.compile(r'[<>:"/\\|?*\x00-\x1f\x7f]')
-_STEP_FIELDS = frozenset({"name", "agent", "verifier", "min_reward"})
-_STEP_NOT_HONOURED = frozenset({"healthcheck", "artifacts"})
+_STEP_FIELDS = frozenset({"name", "agent", "verifier", "min_reward", "healthcheck"})
+_STEP_NOT_HONOURED = frozenset({"artifacts"})
 STEP_REWARD_STRATEGIES = ("mean", "final")
+
+
+@dataclass(frozen=True)
+class Healthcheck:
+    """task.toml `healthcheck` (Harbor 0.26, Docker HEALTHCHECK semantics): `command` runs
+    with bash in the environment until it exits 0; failures in the first
+    `start_period_sec` do not count, and `retries` consecutive failures after it mean
+    the environment never became healthy."""
+
+    command: str
+    interval_sec: float = 5.0
+    timeout_sec: float = 30.0
+    start_period_sec: float = 0.0
+    start_interval_sec: float = 5.0
+    retries: int = 3
+
+
+_HEALTHCHECK_NUMBERS = ("interval_sec", "timeout_sec", "start_period_sec", "start_interval_sec")
+
+
+def _healthcheck(value: object, where: str, problems: list[Problem]) -> Healthcheck | None:
+    """A `healthcheck` table, checked field by field (problems name the field)."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        problems.append(Problem(where, f"healthcheck must be a table, got {value!r}"))
+        return None
+    found = len(problems)
+    unknown = sorted(set(value) - {"command", "retries", *_HEALTHCHECK_NUMBERS})
+    if unknown:
+        problems.append(Problem(where, f"healthcheck has unknown field(s) {', '.join(unknown)}"))
+    command = value.get("command")
+    if not isinstance(command, str) or not command.strip():
+        problems.append(
+            Problem(where, f"healthcheck.command must be a shell command, got {command!r}")
+        )
+    numbers: dict[str, float] = {}
+    for name in _HEALTHCHECK_NUMBERS:
+        if name not in value:
+            continue
+        number = value[name]
+        if (
+            isinstance(number, bool)
+            or not isinstance(number, int | float)
+            or not (math.isfinite(number) and number >= 0)
+        ):
+            problems.append(
+                Problem(
+                    where, f"healthcheck.{name} must be a number of seconds >= 0, got {number!r}"
+                )
+            )
+        else:
+            numbers[name] = float(number)
+    retries = value.get("retries", 3)
+    if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+        problems.append(
+            Problem(where, f"healthcheck.retries must be a whole number >= 0, got {retries!r}")
+        )
+    if len(problems) > found:
+        return None
+    assert isinstance(command, str) and isinstance(retries, int)
+    return Healthcheck(command=command, retries=retries, **numbers)
 
 
 @dataclass(frozen=True)
@@ -434,6 +499,9 @@ class TaskStep:
     min_reward: float | Mapping[str, float] | None = None
     """Abort the remaining steps when this step's rewards fall below it: a number gates
     `reward`, a table gates each of its keys (a missing key counts as -inf)."""
+    healthcheck: Healthcheck | None = None
+    """Run after the step's setup.sh, before its subject: an unhealthy environment ends
+    the attempt there (Harbor's step healthcheck)."""
 
     @property
     def setup_script(self) -> Path | None:
@@ -557,6 +625,7 @@ def _steps(
         verifier_timeout = step.number("verifier", "timeout_sec")
         agent_user, verifier_user = step.user("agent"), step.user("verifier")
         min_reward = _min_reward(table.get("min_reward"), at, problems)
+        healthcheck = _healthcheck(table.get("healthcheck"), at, problems)
         problems += step.problems
         workdir = folder / "workdir"
         steps.append(
@@ -572,6 +641,7 @@ def _steps(
                 verifier_user=verifier_user or task_users[1],
                 verifier_env=verifier_env,
                 min_reward=min_reward,
+                healthcheck=healthcheck,
             )
         )
     return tuple(steps), str(strategy), problems
@@ -629,6 +699,9 @@ def load_task(
         "gpus": toml.gpus(),
     }
     definition_fields["allowed_hosts"] = toml.allowed_hosts(definition_fields["network_mode"])
+    definition_fields["healthcheck"] = _healthcheck(
+        toml.table("environment").get("healthcheck"), f"{toml.path} [environment]", toml.problems
+    )
     steps: tuple[TaskStep, ...] = ()
     strategy = "mean"
     if multi_step:
