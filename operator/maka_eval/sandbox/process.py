@@ -52,6 +52,8 @@ from maka_eval.sandbox.files import copy_into, copy_out
 # Top-level folders the sandbox makes anew instead of showing the host's.
 _FRESH = frozenset({"proc", "dev", "tmp", "run", "lost+found"})
 HOLDER_START_TIMEOUT = 10.0
+OUTER_EXIT_TIMEOUT = 2.0
+"""How long the outer bubblewrap may take to reap its killed init and exit."""
 BWRAP_PROBE = (
     *("bwrap", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--die-with-parent"),
     *("--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", "true"),
@@ -215,7 +217,9 @@ class _Holder:
         return self.proc.poll() is None
 
     def kill(self) -> None:
-        """Kill bubblewrap's init: the kernel ends every process in the namespace."""
+        """Kill bubblewrap's init: the kernel ends every process in the namespace, and
+        the outer bubblewrap, which waits for that init, reaps it and exits (`end`).
+        The outer one is killed at once only when the init is unknown."""
         if self.lifeline >= 0:
             os.close(self.lifeline)
             self.lifeline = -1
@@ -230,14 +234,23 @@ class _Holder:
         if self.init_pid is not None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.init_pid, signal.SIGKILL)
-        with contextlib.suppress(ProcessLookupError):
-            self.proc.kill()
+        else:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.kill()
 
     def end(self) -> None:
-        """Kill, then reap the holder."""
+        """Kill, then reap the holder. The outer bubblewrap is given a moment to reap the
+        namespace's init itself: killed first, it would leave that init to us (this
+        process is a subreaper), a zombie the supervisor then looks through every
+        process of the machine to account for."""
         self.kill()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(timeout=10)
+        try:
+            self.proc.wait(timeout=OUTER_EXIT_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=10)
 
 
 def _read_info(fd: int) -> int | None:
