@@ -129,17 +129,18 @@ def _analysed(
         for source, summary, label in zip(sources, summaries, labels, strict=False)
     )
     cells: list[CellObservation] = []
-    arm_order: list[str] = []
+    # Each arm's observations, the arms in order of first appearance (one pass).
+    by_arm: dict[str, list[CellObservation]] = {}
     repetitions: dict[str, int] = {}
     for summary, label in zip(summaries, labels, strict=False):
         for observation in observations(summary, label):
-            if observation.arm not in repetitions:
-                arm_order.append(observation.arm)
+            mine = by_arm.get(observation.arm)
+            if mine is None:
+                mine = by_arm[observation.arm] = []
                 repetitions[observation.arm] = summary.expansion.repetitions
+            mine.append(observation)
             cells.append(observation)
-    by_arm: dict[str, list[CellObservation]] = {arm: [] for arm in arm_order}
-    for observation in cells:
-        by_arm[observation.arm].append(observation)
+    arm_order = list(by_arm)
     stream = iter(range(1_000_000))
     arms = tuple(
         summarize_arm(
@@ -394,8 +395,8 @@ def cells_csv(report: Report) -> str:
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(CELL_COLUMNS)
     # Plain expressions only: this runs once per cell (100,000s), and a function call or
-    # an enum's `.value` (a Python property; str() gives the same in C) costs as much as
-    # the rest of the row.
+    # a property costs as much as the rest of the row. The writer writes None as an
+    # empty field and a state (a str enum) as its value, so most fields pass as they are.
     writer.writerows(
         (
             c.run,
@@ -404,18 +405,18 @@ def cells_csv(report: Report) -> str:
             c.task_id,
             c.repetition,
             c.cell_id,
-            str(c.state),
-            c.status or "",
-            "" if c.score is None else c.score,
-            "" if c.score is None else int(c.score >= PASS_SCORE),
-            "" if c.input_tokens is None else c.input_tokens,
-            "" if c.cached_input_tokens is None else c.cached_input_tokens,
-            "" if c.cache_write_tokens is None else c.cache_write_tokens,
-            "" if c.output_tokens is None else c.output_tokens,
-            "" if c.input_tokens is None else c.total_tokens,
-            "" if c.cost_usd is None else c.cost_usd,
-            "" if c.duration_sec is None else round(c.duration_sec, 4),
-            "" if c.selected_attempt is None else c.selected_attempt,
+            c.state,
+            c.status,
+            c.score,
+            None if c.score is None else int(c.score >= PASS_SCORE),
+            c.input_tokens,
+            c.cached_input_tokens,
+            c.cache_write_tokens,
+            c.output_tokens,
+            None if c.input_tokens is None else c.total_tokens,
+            c.cost_usd,
+            None if c.duration_sec is None else round(c.duration_sec, 4),
+            c.selected_attempt,
             c.attempts,
             c.infra_failed,
             c.cancelled,

@@ -99,14 +99,25 @@ def expand_ids(
     groups = []
     for repetition in range(1, repetitions + 1):
         for task in task_ids:
-            cells = tuple(
-                Cell(cell_id(task, repetition, subject), task, repetition, subject)
-                for subject in subject_ids
-            )
+            cells = tuple([_cell(task, repetition, subject) for subject in subject_ids])
             groups.append(TaskGroup(group_id(task, repetition), task, repetition, cells))
     by_id = {cell.id: cell for group in groups for cell in group.cells}
     index = {group.id: i for i, group in enumerate(groups)}
     return Expansion(tuple(groups), task_ids, subject_ids, repetitions, by_id, index)
+
+
+def _cell(task_id: str, repetition: int, subject_id: str) -> Cell:
+    """Cell(cell_id(...), task_id, repetition, subject_id) without the frozen dataclass's
+    __init__ (an object.__setattr__ per field), which costs more than the rest of an
+    expansion: a report expands 100,000s of cells. Every field is set, in field order,
+    so the instance's dict shares its keys with every other cell's, as constructed."""
+    cell = object.__new__(Cell)
+    fields = cell.__dict__
+    fields["id"] = cell_id(task_id, repetition, subject_id)
+    fields["task_id"] = task_id
+    fields["repetition"] = repetition
+    fields["subject_id"] = subject_id
+    return cell
 
 
 def expand(experiment: Experiment) -> Expansion:
