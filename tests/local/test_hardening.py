@@ -270,3 +270,40 @@ def test_a_full_work_disk_stops_the_run_without_charging_anyone(setup, small_dis
     assert selected == {
         f"{t}::1::{x}": S.COMPLETED for t in ("t1", "t2") for x in ("filler", "bystander")
     }
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or os.path.exists("/logs"),
+    reason="needs root and a machine without its own /logs (the test makes one)",
+)
+def test_a_machine_with_its_own_logs_folder_still_sandboxes_its_attempts(setup):
+    # Found by running a task with artifacts unsandboxed: once the host had a /logs, the
+    # read-only view of it left no room for /logs/agent and /logs/verifier.
+    from maka_eval.sandbox.process import namespaces_unavailable
+
+    if namespaces_unavailable():
+        pytest.skip(f"no namespaces here: {namespaces_unavailable()}")
+    Path("/logs/app").mkdir(parents=True)
+    try:
+        (Path("/logs/app") / "host.log").write_text("the machine's own\n")
+        look = {
+            "id": "look",
+            "kind": "external",
+            "config": {"command": "sh", "args": ["-c", "ls -R /logs; touch done.txt"]},
+        }
+        s = setup(
+            spec(
+                subjects=[look],
+                executor={"kind": "local", "config": {"isolation": "namespaces"}},
+                execution={"maxConcurrentTaskGroups": 1, "maxInfraRetries": 0},
+            )
+        )
+        s.run()
+        record = read_run(s.run_dir).attempts("t1::1::look")[0]
+    finally:
+        import shutil
+
+        shutil.rmtree("/logs")
+    assert (record.status, record.result.score) == (S.COMPLETED, 1.0), record.result.reason
+    seen = artifact_path(s.run_dir, record, "subject.stdout").read_text()
+    assert "host.log" not in seen and "agent" in seen

@@ -250,6 +250,19 @@ def test_a_step_whose_healthcheck_fails_ends_the_steps(tmp_path):
     assert bench.artifact(record, "steps/append/healthcheck.out").strip() == "missing"
 
 
+@needs_namespaces
+def test_a_steps_artifacts_are_collected_after_its_subject(tmp_path):
+    bench = process_bench(tmp_path)
+    bench.task("notes", ('name = "append"\n', 'name = "append"\nartifacts = ["notes.txt"]\n'))
+    record = bench.run([ORACLE])["notes::1::oracle"]
+    assert (record.status, record.result.score) == (S.COMPLETED, 1.0), record.result
+    names = {a.name for a in record.result.artifacts}
+    assert "steps/append/artifacts/notes.txt" in names
+    assert not any("/artifacts/" in n for n in names if not n.startswith("steps/append/"))
+    # As the step's subject left it: two lines (the last step adds the third).
+    assert len(bench.artifact(record, "steps/append/artifacts/notes.txt").splitlines()) == 2
+
+
 SNOOP = r"""
 find / -xdev \( -name append-only.txt -o -name lib.sh -o -name reward.json \) 2>/dev/null
 ls /tests /logs/verifier 2>&1

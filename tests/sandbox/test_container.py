@@ -412,3 +412,37 @@ def test_the_environment_healthcheck_runs_in_the_container_before_the_subject(
     assert (record.status, record.result.score) == (S.COMPLETED, 1.0), record.result
     said = artifact_path(run_dir, record, "healthcheck.out").read_text()
     assert said.strip() == "in-container"
+
+
+def test_task_artifacts_are_collected_from_the_container(container_engine, tmp_path):
+    make = (
+        "mkdir -p /srv/data/sub && echo one > /srv/data/a.txt && echo two > /srv/data/sub/b.txt"
+        " && echo tmp > /srv/data/sub/c.tmp && ln -s /etc/shadow /srv/data/shadow"
+        " && ln -s /etc/passwd /srv/link.txt && echo 42 > /answer.txt"
+    )
+    bench = Bench(tmp_path, container_engine, [sh("maker", make)])
+    bench.task(
+        "collect",
+        'artifacts = [{ source = "/srv/data", exclude = ["*.tmp"] }, "answer.txt", '
+        '"/srv/link.txt", "/srv/none"]\n'
+        '[environment]\ndocker_image = "debian:bookworm-slim"\n',
+        "#!/bin/sh\nrm -rf /srv/data; echo 1 > /logs/verifier/reward.txt\n",
+    )
+    _, run_dir = bench.run()
+    record = records(run_dir)["collect::1::maker"]
+    assert record.status is S.COMPLETED, record.result
+    names = sorted(a.name for a in record.result.artifacts if a.name.startswith("artifacts/"))
+    # Collected before the verifier removed them; answer.txt is relative: in the workdir
+    # (/), named as written; no link inside a folder is followed (shadow), no *.tmp.
+    assert names == [
+        "artifacts/answer.txt",
+        "artifacts/srv/data/a.txt",
+        "artifacts/srv/data/sub/b.txt",
+        "artifacts/srv/link.txt",
+    ]
+    assert artifact_path(run_dir, record, "artifacts/srv/data/sub/b.txt").read_text() == "two\n"
+    # A source that is itself a link is resolved by the engine inside the container:
+    # the container's own /etc/passwd, never this machine's.
+    linked = artifact_path(run_dir, record, "artifacts/srv/link.txt").read_text()
+    assert linked.startswith("root:x:0:0:") and linked != Path("/etc/passwd").read_text()
+    assert "artifact /srv/none: not collected (it does not exist)" in record.result.notes

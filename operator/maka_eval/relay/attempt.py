@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fnmatch
 import functools
 import os
+import posixpath
 import shutil
 import stat
 import time
@@ -47,7 +49,13 @@ from maka_eval.relay.gate import PROBE_TIMEOUT_SEC, probe_argv, read_evidence, r
 from maka_eval.relay.metering import recover_metered
 from maka_eval.relay.outcome import AttemptOutcome, build_kernel
 from maka_eval.relay.output import DiskFull, OutputCapture
-from maka_eval.relay.plan import AttemptPlan, EgressPlan, HealthcheckPlan, StepPlan
+from maka_eval.relay.plan import (
+    ArtifactPlan,
+    AttemptPlan,
+    EgressPlan,
+    HealthcheckPlan,
+    StepPlan,
+)
 from maka_eval.relay.processes import CancelToken, ProcessSupervisor, WaitEnd
 from maka_eval.relay.steps import StepOutcome
 from maka_eval.relay.verifier import read_reward
@@ -181,6 +189,29 @@ def _agent_files(root: Path, max_bytes: int) -> list[tuple[str, Path]]:
                 return found
             total += info.st_size
             found.append((f"agent/{path.relative_to(root).as_posix()}", path))
+    return found
+
+
+def _drop_excluded(folder: Path, patterns: Sequence[str]) -> None:
+    """Remove the files of `folder` whose path in it, or name, matches a pattern (the
+    task's `exclude`: Harbor gives them to tar --exclude)."""
+    for parent, _dirs, files in os.walk(folder, followlinks=False):
+        for name in files:
+            path = Path(parent) / name
+            relative = path.relative_to(folder).as_posix()
+            if any(fnmatch.fnmatch(relative, p) or fnmatch.fnmatch(name, p) for p in patterns):
+                path.unlink()
+
+
+def _task_artifact_files(root: Path, prefix: str) -> list[tuple[str, Path]]:
+    """The collected task artifacts under `root`, as `<prefix>/<path>` artifacts."""
+    found: list[tuple[str, Path]] = []
+    for folder, dirs, files in os.walk(root, followlinks=False):
+        dirs.sort()
+        found += [
+            (f"{prefix}/{(Path(folder) / name).relative_to(root).as_posix()}", Path(folder) / name)
+            for name in sorted(files)
+        ]
     return found
 
 
@@ -352,6 +383,26 @@ class _Attempt:
         for name in plan.subject.extra_dirs:
             values[f"MAKA_EVAL_{name.upper()}_DIR"] = inside(layout.root / name)
         return values
+
+    def collect_artifacts(self, entries: Sequence[ArtifactPlan], into: Path) -> None:
+        """task.toml `artifacts`, once the subject is done and before the verifier, as
+        Harbor collects them: each source (relative ones in the workdir) into `into`,
+        at its destination or else its own path; best effort, what could not be
+        collected is noted."""
+        workdir = self._inside(Phase.SUBJECT, self.layout.workspace)
+        for entry in entries:
+            source = posixpath.normpath(posixpath.join(workdir, entry.source))
+            # At its destination, else at its source path as written (Harbor's mirror).
+            mirror = posixpath.normpath(entry.source).lstrip("/")
+            target = into / (entry.destination or (mirror if mirror != "." else "root"))
+            if target.exists():
+                self.notes.append(f"artifact {entry.source}: skipped, {target.name} is taken")
+                continue
+            why = self.sandbox.collect(source, target, self.plan.output_limit_bytes)
+            if why is not None:
+                self.notes.append(f"artifact {entry.source}: not collected ({why})")
+            elif entry.exclude and target.is_dir():
+                _drop_excluded(target, entry.exclude)
 
     def _egress_environment(self, phase: Phase, egress: EgressPlan) -> dict[str, str]:
         """The proxy's variables and its CA, as `phase` sees them."""
@@ -548,6 +599,9 @@ class _Attempt:
         execution = self.run_subject(
             step.agent_timeout_sec, step.agent_user, f"steps/{step.name}/subject"
         )
+        if execution.end in (ExecutionEnd.EXITED, ExecutionEnd.TIMED_OUT):
+            entries = (*self.plan.artifacts, *step.artifacts)
+            self.collect_artifacts(entries, self.layout.step_dir(step.name) / "artifacts")
         t2 = time.perf_counter()
         timings["subjectSec"] = t2 - t1
         verification: Verification | None = None
@@ -772,6 +826,11 @@ class _Attempt:
             for step in self.plan.steps
             for name in ("reward.json", "reward.txt")
         ]
+        # task.toml `artifacts`, as collected (the task's, each step's).
+        candidates += _task_artifact_files(layout.root / "artifacts", "artifacts")
+        for step in self.plan.steps:
+            folder = layout.step_dir(step.name) / "artifacts"
+            candidates += _task_artifact_files(folder, f"steps/{step.name}/artifacts")
         # What the last run of a healthcheck said (the environment's, each step's).
         candidates.append(("healthcheck.out", layout.root / "healthcheck.out"))
         candidates += [
@@ -831,6 +890,8 @@ class _Attempt:
                 execution, verification = self.run_steps()
             else:
                 execution = self.run_subject()
+                if execution.end in (ExecutionEnd.EXITED, ExecutionEnd.TIMED_OUT):
+                    self.collect_artifacts(self.plan.artifacts, self.layout.root / "artifacts")
             t_subject = time.perf_counter()
             frame = self.read_frame()
             # (A multi-step attempt was verified step by step.)

@@ -8,7 +8,7 @@ locally), so a plan can be written to disk without holding a secret.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any
 
@@ -136,6 +136,26 @@ class HealthcheckPlan:
 
 
 @dataclass(frozen=True)
+class ArtifactPlan:
+    """A task.toml `artifacts` entry (spec.task_directory's `TaskArtifact`): what the
+    relay collects from the environment once the subject is done."""
+
+    source: str
+    destination: str | None = None
+    exclude: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, entries: Sequence[Any]) -> tuple[ArtifactPlan, ...]:
+        return tuple(cls(e.source, e.destination, tuple(e.exclude)) for e in entries)
+
+    @classmethod
+    def from_dicts(cls, data: Sequence[Mapping[str, Any]]) -> tuple[ArtifactPlan, ...]:
+        return tuple(
+            cls(d["source"], d.get("destination"), tuple(d.get("exclude", ()))) for d in data
+        )
+
+
+@dataclass(frozen=True)
 class StepPlan:
     """One step of a multi-step task (task.toml `[[steps]]`), its settings resolved:
     the relay runs the steps in order in the same sandbox (relay.steps)."""
@@ -156,12 +176,15 @@ class StepPlan:
     min_reward: float | Mapping[str, float] | None = None
     healthcheck: HealthcheckPlan | None = None
     """Run after the step's setup.sh, before its subject."""
+    artifacts: tuple[ArtifactPlan, ...] = ()
+    """Collected after the step's subject (with the task's own), before its verifier."""
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> StepPlan:
         values = dict(data)
         values["tests_dirs"] = tuple(values.get("tests_dirs", ()))
         values["healthcheck"] = HealthcheckPlan.from_dict(values.get("healthcheck"))
+        values["artifacts"] = ArtifactPlan.from_dicts(values.get("artifacts", ()))
         return cls(**values)
 
 
@@ -185,6 +208,7 @@ def step_plans(
                 dict(step.min_reward) if isinstance(step.min_reward, Mapping) else step.min_reward
             ),
             healthcheck=HealthcheckPlan.of(step.healthcheck),
+            artifacts=ArtifactPlan.of(step.artifacts),
         )
         for step in task.steps
     )
@@ -242,6 +266,9 @@ class AttemptPlan:
     healthcheck: HealthcheckPlan | None = None
     """task.toml's [environment.healthcheck]: run once the sandbox is up, before the
     subject (and any step)."""
+    artifacts: tuple[ArtifactPlan, ...] = ()
+    """task.toml's `artifacts`: collected once the subject is done, before the verifier
+    (after each step's subject, for a multi-step task)."""
 
     def to_json(self) -> str:
         """Serialize for the relay program (`python -m maka_eval.relay`)."""
@@ -255,6 +282,8 @@ class AttemptPlan:
             del data["steps"], data["step_reward_strategy"]
         if self.healthcheck is None:
             del data["healthcheck"]
+        if not self.artifacts:
+            del data["artifacts"]
         return json.dumps(data, indent=2, sort_keys=True)
 
     @classmethod
@@ -284,6 +313,7 @@ class AttemptPlan:
                 visible=tuple(data.pop("visible", ())),
                 steps=tuple(StepPlan.from_dict(step) for step in data.pop("steps", ())),
                 healthcheck=HealthcheckPlan.from_dict(data.pop("healthcheck", None)),
+                artifacts=ArtifactPlan.from_dicts(data.pop("artifacts", ())),
                 **data,
             )
         except (KeyError, TypeError, ValueError, AttributeError, RecursionError) as exc:
@@ -341,6 +371,7 @@ def with_task_settings(plan: AttemptPlan) -> AttemptPlan:
         steps=step_plans(task, agent_timeout, verifier_timeout),
         step_reward_strategy=task.step_reward_strategy,
         healthcheck=HealthcheckPlan.of(task.healthcheck),
+        artifacts=ArtifactPlan.of(task.artifacts),
         instruction_file=str(task.instruction_file),
         tests_dir=str(task.tests_dir),
         environment_dir=str(task.environment_dir) if task.environment_dir else None,

@@ -13,6 +13,7 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
+from pathlib import Path
 from typing import IO, Protocol
 
 from maka_eval.relay.output import OutputCapture
@@ -120,6 +121,12 @@ class Sandbox(Protocol):
     def download(self, sandbox_path: str, host_path: str, max_bytes: int) -> None:
         """Copy what is at `sandbox_path` (a folder's regular files, at most `max_bytes`
         in all) into the new or empty host folder `host_path`; nothing when it is gone."""
+
+    def collect(self, source: str, target: Path, max_bytes: int) -> str | None:
+        """A task artifact: copy what is at `source` as the subject sees it (a regular
+        file, or a folder's regular files, at most `max_bytes` in all; links never
+        followed) to the new host path `target` (a file or a folder, as the source is);
+        why nothing was copied, or None."""
 
     def next_step(self) -> None:
         """Another step of a multi-step task follows: the subject's sandbox is ready

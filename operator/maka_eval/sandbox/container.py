@@ -839,6 +839,40 @@ class ContainerSandbox:
             with contextlib.suppress(tarfile.TarError, OSError):
                 extract_into(data, Path(host_path), 1, max_bytes)
 
+    def collect(self, source: str, target: Path, max_bytes: int) -> str | None:
+        import docker.errors
+
+        if self.container_id is None:
+            return "the container is gone"
+        try:
+            data = self._get(source, max_bytes)
+        except docker.errors.APIError as exc:
+            return _api_message(exc)
+        if data is None:
+            return "it does not exist"
+        try:
+            with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as archive:
+                first = archive.next()
+                if first is None:
+                    return "it is empty"
+                if first.isdir():
+                    target.mkdir(parents=True, exist_ok=True)
+                    extract_into(data, target, 1, max_bytes)
+                    return None
+                if not first.isreg():
+                    return "it is a link or a special file (links are never followed)"
+                if first.size > max_bytes:
+                    return f"it holds {first.size} bytes, more than the {max_bytes} allowed"
+                content = archive.extractfile(first)
+                if content is None:
+                    return "it could not be read"
+                target.parent.mkdir(parents=True, exist_ok=True)
+                with target.open("xb") as sink:
+                    sink.write(content.read())
+                return None
+        except (tarfile.TarError, OSError) as exc:
+            return f"its archive could not be read: {exc}"
+
     def next_step(self) -> None:
         """What the last verifier left in the container goes; its private folders are
         emptied when the next verifier starts."""

@@ -13,7 +13,7 @@ import errno
 import os
 import shutil
 import stat
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -125,3 +125,47 @@ def _copy_out(dir_fd: int, target: Path, budget: int) -> int:
                 sink.write(data[: budget - copied])
             copied += min(len(data), budget - copied)
     return copied
+
+
+def copy_path_out(root: str, relative: str, target: Path, max_bytes: int) -> str | None:
+    """What is at `relative` under the host folder `root` -- a regular file, or a
+    folder's regular files (at most `max_bytes` in all) -- to the new host path `target`,
+    every folder on the way opened without following links; why nothing was copied
+    (missing, a link, not a file or folder), or None."""
+    parts = [part for part in PurePosixPath(relative).parts if part not in ("/", ".")]
+    try:
+        fd = _open_folder(root)
+    except OSError as exc:
+        return f"cannot open {root}: {exc.strerror or exc}"
+    try:
+        for part in parts[:-1]:
+            child = _open_folder(part, fd)
+            os.close(fd)
+            fd = child
+        if not parts:
+            _copy_out(fd, target, max_bytes)
+            return None
+        info = os.stat(parts[-1], dir_fd=fd, follow_symlinks=False)
+        if stat.S_ISDIR(info.st_mode):
+            child = _open_folder(parts[-1], fd)
+            try:
+                target.mkdir(parents=True, exist_ok=True)
+                _copy_out(child, target, max_bytes)
+            finally:
+                os.close(child)
+            return None
+        if not stat.S_ISREG(info.st_mode):
+            return "it is a link or a special file (links are never followed)"
+        if info.st_size > max_bytes:
+            return f"it holds {info.st_size} bytes, more than the {max_bytes} allowed"
+        source = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with os.fdopen(source, "rb") as handle, target.open("xb") as sink:
+            sink.write(handle.read(max_bytes))
+        return None
+    except FileNotFoundError:
+        return "it does not exist"
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    finally:
+        os.close(fd)

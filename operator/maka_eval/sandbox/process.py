@@ -47,7 +47,7 @@ from maka_eval.process_table import snapshot
 from maka_eval.relay.output import OutputCapture
 from maka_eval.relay.processes import CancelToken, ProcessSupervisor, WaitEnd
 from maka_eval.sandbox.base import Isolation, Layout, Network, Phase
-from maka_eval.sandbox.files import copy_into, copy_out
+from maka_eval.sandbox.files import copy_into, copy_out, copy_path_out
 
 # Top-level folders the sandbox makes anew instead of showing the host's.
 _FRESH = frozenset({"proc", "dev", "tmp", "run", "lost+found"})
@@ -99,6 +99,22 @@ class _Supervised:
     def download(self, sandbox_path: str, host_path: str, max_bytes: int) -> None:
         if host_path != sandbox_path:
             copy_out(sandbox_path, Path(host_path), max_bytes)
+
+    def collect(self, source: str, target: Path, max_bytes: int) -> str | None:
+        # What a subject here writes and a relay may read: its workdir (the workspace,
+        # seen at its host path) and /logs/agent. Anything else is this machine's own.
+        lay = self.layout
+        for inside, host in (
+            (lay.workspace, lay.workspace),
+            (Layout.AGENT_LOGS_PATH, lay.agent_logs),
+            (lay.agent_logs, lay.agent_logs),
+        ):
+            if source == inside or source.startswith(inside.rstrip("/") + "/"):
+                return copy_path_out(host, source[len(inside) :], target, max_bytes)
+        return (
+            "the process sandbox collects artifacts from the workdir and /logs/agent only "
+            "(the rest of what its subject sees is this machine's own files)"
+        )
 
 
 class PlainProcesses(_Supervised):
@@ -312,6 +328,10 @@ class Namespaces(_Supervised):
     def _common(self) -> list[str]:
         lay = self.layout
         args = [*_root_binds(), "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/run"]
+        if os.path.isdir("/logs"):
+            # This machine's own /logs is not the task's, and read-only it would leave
+            # no room for /logs/agent and /logs/verifier.
+            args += ["--tmpfs", "/logs"]
         # /tmp is the attempt's own, in memory and capped: filling it hurts no one else.
         args += ["--size", str(TMP_BYTES), "--tmpfs", "/tmp"]
         mounts = [(hidden, ["--tmpfs", hidden]) for hidden in _existing(lay.hidden)]

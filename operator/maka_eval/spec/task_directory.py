@@ -21,7 +21,7 @@ import tomllib
 import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from maka_eval.egress.policy import allowed_host_entry
@@ -74,6 +74,8 @@ class TaskDefinition:
     healthcheck: Healthcheck | None = None
     """`[environment.healthcheck]`: run once the sandbox is up, before any subject; an
     environment that never becomes healthy is an infrastructure failure."""
+    artifacts: tuple[TaskArtifact, ...] = ()
+    """task.toml `artifacts`: collected from the environment after the subject."""
     warnings: tuple[str, ...] = ()
     """Fields of task.toml that are unknown or not honoured, each naming the file."""
     steps: tuple[TaskStep, ...] = ()
@@ -214,8 +216,6 @@ class _TaskToml:
         for name in self.config:
             if name not in _HONOURED[""]:
                 self._unknown(name)
-        if self.config.get("artifacts"):
-            self.warnings.append(f"{self.path}: artifacts are not collected by maka-eval; ignored")
         for section in ("agent", "verifier", "solution", "environment"):
             table = self.config.get(section)
             if not isinstance(table, Mapping):
@@ -406,9 +406,74 @@ class _TaskToml:
 
 
 _STEP_NAME_INVALID = re.compile(r'[<>:"/\\|?*\x00-\x1f\x7f]')
-_STEP_FIELDS = frozenset({"name", "agent", "verifier", "min_reward", "healthcheck"})
-_STEP_NOT_HONOURED = frozenset({"artifacts"})
+_STEP_FIELDS = frozenset({"name", "agent", "verifier", "min_reward", "healthcheck", "artifacts"})
 STEP_REWARD_STRATEGIES = ("mean", "final")
+
+
+@dataclass(frozen=True)
+class TaskArtifact:
+    """One entry of task.toml `artifacts` (Harbor 0.26): a path in the environment
+    collected once the subject is done, before the verifier runs."""
+
+    source: str
+    """Absolute, or relative to the workdir."""
+    destination: str | None = None
+    """Where it goes among the attempt's artifacts (relative); None: its source path."""
+    exclude: tuple[str, ...] = ()
+    """Patterns of files not to keep from a folder (matched on the path in the folder
+    and on the file's name)."""
+
+
+def _artifacts(value: object, where: str, problems: list[Problem]) -> tuple[TaskArtifact, ...]:
+    """task.toml `artifacts`: strings (a source) or tables (source, destination, exclude;
+    `service` only for the main container), checked as Harbor checks them."""
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        problems.append(Problem(where, f"artifacts must be a list, got {value!r}"))
+        return ()
+    found: list[TaskArtifact] = []
+    for i, entry in enumerate(value):
+        at = f"{where} artifacts[{i}]"
+        table: Mapping[str, Any] = {"source": entry} if isinstance(entry, str) else entry
+        if not isinstance(table, Mapping):
+            problems.append(Problem(at, f"must be a path or a table, got {entry!r}"))
+            continue
+        unknown = sorted(set(table) - {"source", "destination", "exclude", "service"})
+        source, destination = table.get("source"), table.get("destination") or None
+        exclude = table.get("exclude", [])
+        if unknown:
+            problems.append(Problem(at, f"has unknown field(s) {', '.join(unknown)}"))
+        elif table.get("service") not in (None, "main"):
+            problems.append(
+                Problem(
+                    at,
+                    f"service {table['service']!r}: artifacts of other compose services "
+                    "cannot be collected (maka-eval runs no multi-container tasks)",
+                )
+            )
+        elif not isinstance(source, str) or not source.strip():
+            problems.append(Problem(at, f"source must be a path, got {source!r}"))
+        elif ".." in PurePosixPath(source).parts:
+            problems.append(Problem(at, f"source must not contain '..', got {source!r}"))
+        elif destination is not None and (
+            not isinstance(destination, str)
+            or "\\" in destination
+            or PurePosixPath(destination).is_absolute()
+            or ".." in PurePosixPath(destination).parts
+            or not PurePosixPath(destination).parts
+        ):
+            problems.append(
+                Problem(
+                    at,
+                    f"destination must be a relative path without '..', got {destination!r}",
+                )
+            )
+        elif not isinstance(exclude, list) or not all(isinstance(x, str) for x in exclude):
+            problems.append(Problem(at, f"exclude must be a list of patterns, got {exclude!r}"))
+        else:
+            found.append(TaskArtifact(source, destination, tuple(exclude)))
+    return tuple(found)
 
 
 @dataclass(frozen=True)
@@ -502,6 +567,8 @@ class TaskStep:
     healthcheck: Healthcheck | None = None
     """Run after the step's setup.sh, before its subject: an unhealthy environment ends
     the attempt there (Harbor's step healthcheck)."""
+    artifacts: tuple[TaskArtifact, ...] = ()
+    """Collected after the step's subject (with the task's own), before its verifier."""
 
     @property
     def setup_script(self) -> Path | None:
@@ -590,14 +657,8 @@ def _steps(
             continue
         seen[key] = index
         step = _TaskToml(Path(f"{toml.path} [[steps]][{index}]"), table, toml.host_env)
-        for field_name, value in table.items():
-            if field_name in _STEP_NOT_HONOURED:
-                if value not in (None, "", [], {}):
-                    toml.warnings.append(
-                        f"{toml.path}: [[steps]] {name} {field_name} is not honoured by "
-                        "maka-eval; ignored"
-                    )
-            elif field_name not in _STEP_FIELDS:
+        for field_name in table:
+            if field_name not in _STEP_FIELDS:
                 toml.warnings.append(
                     f"{toml.path}: unknown field [[steps]] {name} {field_name} (not a Harbor "
                     "task.toml field; a typo?); ignored"
@@ -626,6 +687,7 @@ def _steps(
         agent_user, verifier_user = step.user("agent"), step.user("verifier")
         min_reward = _min_reward(table.get("min_reward"), at, problems)
         healthcheck = _healthcheck(table.get("healthcheck"), at, problems)
+        artifacts = _artifacts(table.get("artifacts"), at, problems)
         problems += step.problems
         workdir = folder / "workdir"
         steps.append(
@@ -642,6 +704,7 @@ def _steps(
                 verifier_env=verifier_env,
                 min_reward=min_reward,
                 healthcheck=healthcheck,
+                artifacts=artifacts,
             )
         )
     return tuple(steps), str(strategy), problems
@@ -699,6 +762,9 @@ def load_task(
         "gpus": toml.gpus(),
     }
     definition_fields["allowed_hosts"] = toml.allowed_hosts(definition_fields["network_mode"])
+    definition_fields["artifacts"] = _artifacts(
+        toml.config.get("artifacts"), str(toml.path), toml.problems
+    )
     definition_fields["healthcheck"] = _healthcheck(
         toml.table("environment").get("healthcheck"), f"{toml.path} [environment]", toml.problems
     )

@@ -1,0 +1,138 @@
+"""task.toml `artifacts` (Harbor 0.26), collected for real from the process sandbox once
+the subject is done and before the verifier: files and folders, relative sources in the
+workdir, destinations, `exclude`, /logs/agent; links are never followed (a subject that
+plants one at an artifact's path gets nothing out of this machine), and what cannot be
+collected is noted, never failing the attempt. tests/sandbox/test_container.py collects
+from a container.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from maka_eval.engine.status import AttemptStatus
+from maka_eval.sandbox.process import namespaces_unavailable
+from maka_eval.spec.task_directory import TaskArtifact, load_task
+from maka_eval.store.run_store import artifact_path, read_run
+from tests.helpers import make_task, spec
+
+S = AttemptStatus
+MAKER = r"""
+mkdir -p out/sub /logs/agent/trace
+echo one > out/a.txt; echo two > out/sub/b.txt; echo junk > out/sub/c.tmp
+ln -s /etc/passwd out/passwd
+ln -s /etc/hostname report-link.txt
+echo report > report.txt
+echo step > /logs/agent/trace/t.log; echo x > /logs/agent/trace/t.tmp
+touch done.txt
+"""
+TOML = """artifacts = [
+  "out",
+  { source = "report.txt", destination = "r/report.txt" },
+  { source = "/logs/agent/trace", exclude = ["*.tmp"] },
+  "report-link.txt",
+  "/etc",
+  "missing",
+]
+"""
+
+
+needs_namespaces = pytest.mark.skipif(
+    namespaces_unavailable() is not None,
+    reason=f"the namespace sandbox cannot run here: {namespaces_unavailable()}",
+)
+
+
+@needs_namespaces
+def test_artifacts_are_collected_before_the_verifier(setup):
+    subject = {
+        "id": "maker",
+        "kind": "external",
+        "config": {"command": "sh", "args": ["-c", MAKER]},
+    }
+    # The verifier removes what the subject made: collection happened before it ran.
+    test_sh = "#!/bin/sh\nrm -rf out report.txt\necho 1 > /logs/verifier/reward.txt\n"
+    s = setup(
+        spec(
+            subjects=[subject],
+            executor={"kind": "local", "config": {"isolation": "namespaces", "sandbox": "process"}},
+            execution={"maxConcurrentTaskGroups": 1, "maxInfraRetries": 0},
+        ),
+        {"t1": {"toml": TOML, "test_sh": test_sh}},
+    )
+    s.run()
+    (record,) = read_run(s.run_dir).attempts("t1::1::maker")
+    assert record.status is S.COMPLETED, record.result.reason
+    names = {a.name for a in record.result.artifacts}
+    collected = sorted(n for n in names if n.startswith("artifacts/"))
+    assert collected == [
+        "artifacts/logs/agent/trace/t.log",  # its exclude dropped t.tmp
+        "artifacts/out/a.txt",  # a relative source is in the workdir; named as written
+        "artifacts/out/sub/b.txt",
+        "artifacts/out/sub/c.tmp",  # not excluded: that pattern is the trace's
+        "artifacts/r/report.txt",
+    ], collected
+    text = artifact_path(s.run_dir, record, "artifacts/r/report.txt").read_text()
+    assert text == "report\n"
+    notes = " | ".join(record.result.notes)
+    assert "artifact report-link.txt: not collected (it is a link" in notes
+    assert "artifact missing: not collected (it does not exist)" in notes
+    assert "artifact /etc: not collected (the process sandbox collects artifacts from" in notes
+    # The planted link into this machine's files came back as nothing at all.
+    assert not any("passwd" in n or "hostname" in n for n in names)
+
+
+def test_without_isolation_artifacts_come_from_the_workdir(setup):
+    script = "mkdir out; echo one > out/a.txt; touch done.txt"
+    subject = {"id": "s", "kind": "external", "config": {"command": "sh", "args": ["-c", script]}}
+    s = setup(
+        spec(
+            subjects=[subject],
+            executor={"kind": "local", "config": {"isolation": "none", "sandbox": "process"}},
+            execution={"maxConcurrentTaskGroups": 1, "maxInfraRetries": 0},
+        ),
+        {"t1": {"toml": 'artifacts = ["out", "/etc/hostname"]\n'}},
+    )
+    s.run()
+    (record,) = read_run(s.run_dir).attempts("t1::1::s")
+    assert record.status is S.COMPLETED, record.result.reason
+    assert artifact_path(s.run_dir, record, "artifacts/out/a.txt").read_text() == "one\n"
+    # A path of this machine is not the environment's: never collected from the host.
+    assert any("artifact /etc/hostname: not collected" in n for n in record.result.notes)
+
+
+def test_bad_artifact_entries_are_named_with_the_fix(tmp_path):
+    make_task(
+        tmp_path,
+        "t",
+        toml=(
+            'artifacts = ["ok", { source = "../up" }, { source = "x", destination = "/abs" }, '
+            '{ source = "y", service = "db" }, { source = "z", exclude = "*.tmp" }, 7]\n'
+        ),
+    )
+    task, problems = load_task("t", tmp_path / "t", "tasks[0]", host_env={})
+    text = "\n".join(map(str, problems))
+    assert task is None
+    assert "artifacts[1]: source must not contain '..'" in text
+    assert "artifacts[2]: destination must be a relative path without '..'" in text
+    assert "artifacts[3]: service 'db': artifacts of other compose services" in text
+    assert "artifacts[4]: exclude must be a list of patterns" in text
+    assert "artifacts[5]: must be a path or a table, got 7" in text
+
+
+def test_artifacts_are_read_as_harbor_gives_them(tmp_path):
+    make_task(
+        tmp_path,
+        "t",
+        toml=(
+            'artifacts = ["/app/out", { source = "log.txt", destination = "logs/log.txt", '
+            'exclude = ["*.pyc"], service = "main" }]\n'
+        ),
+    )
+    task, problems = load_task("t", tmp_path / "t", "tasks[0]", host_env={})
+    assert not problems and task is not None, problems
+    assert task.artifacts == (
+        TaskArtifact("/app/out"),
+        TaskArtifact("log.txt", "logs/log.txt", ("*.pyc",)),
+    )
+    assert not task.warnings
