@@ -19,26 +19,16 @@ import threading
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from maka_eval.egress.policy import NOT_ALLOWED, EgressPolicy
 from maka_eval.engine.status import AttemptStatus
 from maka_eval.local import netns
-from maka_eval.sandbox import process
 from maka_eval.store.run_store import artifact_path
 from tests.egress import attacks
+from tests.egress.policing import POLICED
 from tests.helpers import make_task, spec, write_experiment, write_script
 from tests.sandbox.conftest import container_engine  # noqa: F401 - the session fixture
 
-WHY_NOT = (
-    "egress enforcement needs root"
-    if os.geteuid() != 0
-    else netns.enforcement_unavailable() or process.namespaces_unavailable()
-)
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(WHY_NOT is not None, reason=f"cannot police a cell here: {WHY_NOT}"),
-]
+pytestmark = POLICED
 
 OTHER_HOST = "127.0.0.3"
 """A second upstream on the host's loopback, which the task does not list."""

@@ -11,25 +11,13 @@ through. Then, as the sandbox really is, every one of them is stopped.
 
 from __future__ import annotations
 
-import os
-
-import pytest
-
 from maka_eval.engine.status import AttemptStatus
-from maka_eval.local import netns
 from maka_eval.relay import gate
 from maka_eval.sandbox import process
 from tests.egress import attacks
+from tests.egress.policing import POLICED
 
-WHY_NOT = (
-    "egress enforcement needs root"
-    if os.geteuid() != 0
-    else netns.enforcement_unavailable() or process.namespaces_unavailable()
-)
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(WHY_NOT is not None, reason=f"cannot police a cell here: {WHY_NOT}"),
-]
+pytestmark = POLICED
 
 ESCAPES = {
     "a capability that reaches around the policy or out (any set)",

@@ -19,8 +19,6 @@ import threading
 import time
 from pathlib import Path
 
-import pytest
-
 from maka_eval.egress.policy import EgressPolicy
 from maka_eval.engine.status import AttemptStatus
 from maka_eval.local import netns
@@ -28,17 +26,10 @@ from maka_eval.relay import attempt as relay_attempt
 from maka_eval.sandbox import process
 from maka_eval.store.run_store import artifact_path, read_run
 from tests.egress import attacks
+from tests.egress.policing import POLICED
 from tests.helpers import REWARD_ONE, make_task, spec, write_experiment
 
-WHY_NOT = (
-    "egress enforcement needs root"
-    if os.geteuid() != 0
-    else netns.enforcement_unavailable() or process.namespaces_unavailable()
-)
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(WHY_NOT is not None, reason=f"cannot police a cell here: {WHY_NOT}"),
-]
+pytestmark = POLICED
 
 S = AttemptStatus
 

@@ -22,22 +22,13 @@ import pytest
 
 from maka_eval.engine.status import AttemptStatus
 from maka_eval.engine.usage import Usage
-from maka_eval.local import netns
-from maka_eval.sandbox import process
 from maka_eval.store.run_store import read_run
 from tests.egress import attacks
 from tests.egress.fake_provider import FakeProvider
+from tests.egress.policing import POLICED
 from tests.helpers import REWARD_ONE, make_task, spec, write_experiment
 
-WHY_NOT = (
-    "egress enforcement needs root"
-    if os.geteuid() != 0
-    else netns.enforcement_unavailable() or process.namespaces_unavailable()
-)
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(WHY_NOT is not None, reason=f"cannot police a cell here: {WHY_NOT}"),
-]
+pytestmark = POLICED
 
 
 @functools.cache

@@ -21,12 +21,20 @@ SPEAKER = {"id": "speaker", "kind": "external", "config": {"command": "echo", "a
 COUNTING = 'n=$(cat "$TMPDIR/hc" 2>/dev/null || echo 0); n=$((n+1)); echo $n > "$TMPDIR/hc"; '
 
 
-def toml(check: str) -> str:
-    return f"[environment.healthcheck]\n{check}"
-
-
-def runs_of(s, cell: str = "t1::1::done") -> list:
-    return read_run(s.run_dir).attempts(cell)
+def attempt_with(setup, isolation: str, check: str, subject: dict | None = None):
+    """The one attempt of a one-cell run whose task has `check` as its healthcheck."""
+    subject = subject or TOUCH
+    s = setup(
+        spec(
+            subjects=[subject],
+            executor={"kind": "local", "config": {"isolation": isolation, "sandbox": "process"}},
+            execution={"maxConcurrentTaskGroups": 1, "maxInfraRetries": 0},
+        ),
+        {"t1": {"toml": f"[environment.healthcheck]\n{check}"}},
+    )
+    s.run()
+    (record,) = read_run(s.run_dir).attempts(f"t1::1::{subject['id']}")
+    return s, record
 
 
 @pytest.fixture(params=["none", "namespaces"])
@@ -36,23 +44,10 @@ def isolation(request) -> str:
     return request.param
 
 
-def executor(isolation: str) -> dict:
-    return {"kind": "local", "config": {"isolation": isolation, "sandbox": "process"}}
-
-
 def test_the_subject_starts_once_the_environment_is_healthy(setup, isolation):
     # Fails twice, then passes: within retries, so the attempt goes on as usual.
     check = f"command = '{COUNTING}echo check $n; [ $n -ge 3 ]'\ninterval_sec = 0.05\nretries = 3\n"
-    s = setup(
-        spec(
-            subjects=[TOUCH],
-            executor=executor(isolation),
-            execution={"maxConcurrentTaskGroups": 1, "maxInfraRetries": 0},
-        ),
-        {"t1": {"toml": toml(check)}},
-    )
-    s.run()
-    (record,) = runs_of(s)
+    s, record = attempt_with(setup, isolation, check)
     assert (record.status, record.result.score) == (S.COMPLETED, 1.0), record.result.reason
     said = artifact_path(s.run_dir, record, "healthcheck.out").read_text()
     assert said.strip() == "check 3"
@@ -60,16 +55,7 @@ def test_the_subject_starts_once_the_environment_is_healthy(setup, isolation):
 
 def test_an_environment_that_never_becomes_healthy_is_an_infrastructure_failure(setup, isolation):
     check = f"command = '{COUNTING}echo not yet $n; exit 1'\ninterval_sec = 0.05\nretries = 2\n"
-    s = setup(
-        spec(
-            subjects=[SPEAKER],
-            executor=executor(isolation),
-            execution={"maxConcurrentTaskGroups": 1, "maxInfraRetries": 0},
-        ),
-        {"t1": {"toml": toml(check)}},
-    )
-    s.run()
-    (record,) = runs_of(s, "t1::1::speaker")
+    _, record = attempt_with(setup, isolation, check, SPEAKER)
     assert record.status is S.INFRA_FAILED
     reason = record.result.reason or ""
     assert "healthcheck failed 2 time(s) in a row" in reason and "never became healthy" in reason
@@ -85,31 +71,13 @@ def test_failures_in_the_start_period_do_not_count(setup, isolation):
         f"command = '{COUNTING}[ $n -ge 6 ]'\n"
         "start_period_sec = 30\nstart_interval_sec = 0.02\ninterval_sec = 0.02\nretries = 1\n"
     )
-    s = setup(
-        spec(
-            subjects=[TOUCH],
-            executor=executor(isolation),
-            execution={"maxConcurrentTaskGroups": 1, "maxInfraRetries": 0},
-        ),
-        {"t1": {"toml": toml(check)}},
-    )
-    s.run()
-    (record,) = runs_of(s)
+    _, record = attempt_with(setup, isolation, check)
     assert (record.status, record.result.score) == (S.COMPLETED, 1.0), record.result.reason
 
 
 def test_a_check_that_hangs_counts_as_failed_after_its_timeout(setup, isolation):
     check = "command = 'sleep 30'\ntimeout_sec = 0.3\ninterval_sec = 0.01\nretries = 2\n"
-    s = setup(
-        spec(
-            subjects=[TOUCH],
-            executor=executor(isolation),
-            execution={"maxConcurrentTaskGroups": 1, "maxInfraRetries": 0},
-        ),
-        {"t1": {"toml": toml(check)}},
-    )
-    s.run()
-    (record,) = runs_of(s)
+    _, record = attempt_with(setup, isolation, check)
     assert record.status is S.INFRA_FAILED
     assert "timed out after 0.3s" in (record.result.reason or "")
     assert record.result.duration_sec < 10  # it did not wait the 30 s

@@ -12,8 +12,9 @@ from dataclasses import replace
 from pathlib import Path
 
 from maka_eval.contract.kernel import ResultKernel
+from maka_eval.engine.environment import Healthcheck
 from maka_eval.engine.status import AttemptStatus
-from maka_eval.relay.plan import AttemptPlan, HealthcheckPlan, StepPlan
+from maka_eval.relay.plan import AttemptPlan, StepPlan
 from tests.relay.conftest import sh
 
 LIGHT = ("pydantic", "typer", "rich", "yaml", "click", "docker", "requests")
@@ -108,7 +109,7 @@ def test_a_container_plan_survives_json(plan_for):
 
 
 def test_the_plan_carries_healthchecks_to_the_relay_program(plan_for):
-    check = HealthcheckPlan("curl -f localhost:8080", interval_sec=1, retries=5)
+    check = Healthcheck("curl -f localhost:8080", interval_sec=1, retries=5)
     step = StepPlan("one", "i.md", ("tests",), 10.0, 10.0, healthcheck=check)
     plan = replace(plan_for(["true"]), healthcheck=check, steps=(step,))
     again = AttemptPlan.from_json(plan.to_json())

@@ -265,7 +265,7 @@ def test_unknown_and_unhonoured_fields_are_warnings_naming_the_file(tmp_path):
         tmp_path,
         "t",
         toml=(
-            'schema_version = "1.1"\nartifacts = ["/app/out"]\ncolour = "blue"\n'
+            'schema_version = "1.1"\ncolour = "blue"\n'
             '[task]\nname = "org/t"\n[metadata]\nanything = 1\n'
             "[agent]\ntimeout = 5\n"
             '[verifier]\nenvironment_mode = "shared"\n'
@@ -279,8 +279,7 @@ def test_unknown_and_unhonoured_fields_are_warnings_naming_the_file(tmp_path):
     text = "\n".join(task.warnings)
     assert "unknown field colour" in text and "unknown field [agent] timeout" in text
     assert "[environment] skills_dir is not honoured" in text
-    assert "artifacts are not collected" in text
-    assert len(task.warnings) == 4  # [task], [metadata], empty or default values: silent
+    assert len(task.warnings) == 3  # [task], [metadata], empty or default values: silent
 
 
 @pytest.mark.parametrize(

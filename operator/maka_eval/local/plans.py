@@ -9,11 +9,9 @@ from maka_eval.engine.expand import Cell
 from maka_eval.engine.launch import SOLUTION_DIR_NAME, subject_launch
 from maka_eval.local.prerequisites import ResolvedCommands
 from maka_eval.relay.plan import (
-    ArtifactPlan,
     AttemptPlan,
     ContainerPlan,
     EgressPlan,
-    HealthcheckPlan,
     step_plans,
 )
 from maka_eval.sandbox.container import build_tag
@@ -97,8 +95,8 @@ def attempt_plan(
         agent_timeout_sec=agent_timeout,
         verifier_timeout_sec=verifier_timeout,
         steps=step_plans(task, agent_timeout, verifier_timeout),
-        healthcheck=HealthcheckPlan.of(task.healthcheck),
-        artifacts=ArtifactPlan.of(task.artifacts),
+        healthcheck=task.healthcheck,
+        artifacts=task.artifacts,
         step_reward_strategy=task.step_reward_strategy,
         verifier_env=dict(task.verifier_env),
         score_key=spec.verifier.config.score_key,

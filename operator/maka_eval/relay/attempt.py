@@ -32,6 +32,7 @@ from maka_eval.engine.classify import (
     Verification,
     classify,
 )
+from maka_eval.engine.environment import Healthcheck, TaskArtifact
 from maka_eval.engine.launch import SOLUTION_DIR_NAME
 from maka_eval.process_table import RUN_MARKER
 from maka_eval.relay import steps
@@ -50,10 +51,8 @@ from maka_eval.relay.metering import recover_metered
 from maka_eval.relay.outcome import AttemptOutcome, build_kernel
 from maka_eval.relay.output import DiskFull, OutputCapture
 from maka_eval.relay.plan import (
-    ArtifactPlan,
     AttemptPlan,
     EgressPlan,
-    HealthcheckPlan,
     StepPlan,
 )
 from maka_eval.relay.processes import CancelToken, ProcessSupervisor, WaitEnd
@@ -384,7 +383,7 @@ class _Attempt:
             values[f"MAKA_EVAL_{name.upper()}_DIR"] = inside(layout.root / name)
         return values
 
-    def collect_artifacts(self, entries: Sequence[ArtifactPlan], into: Path) -> None:
+    def collect_artifacts(self, entries: Sequence[TaskArtifact], into: Path) -> None:
         """task.toml `artifacts`, once the subject is done and before the verifier, as
         Harbor collects them: each source (relative ones in the workdir) into `into`,
         at its destination or else its own path; best effort, what could not be
@@ -646,7 +645,7 @@ class _Attempt:
 
     def _healthy(
         self,
-        check: HealthcheckPlan,
+        check: Healthcheck,
         what: str,
         user: str | None = None,
         folder: Path | None = None,
@@ -680,7 +679,7 @@ class _Attempt:
                 return f"the run was cancelled during {what}"
 
     def _check_once(
-        self, check: HealthcheckPlan, env: Mapping[str, str], user: str | None, path: Path
+        self, check: Healthcheck, env: Mapping[str, str], user: str | None, path: Path
     ) -> tuple[int | None, str]:
         """One run of the healthcheck's command: its exit code (None: it did not end in
         time, or the run was cancelled) and what it said last (or why it failed)."""

@@ -8,12 +8,13 @@ locally), so a plan can be written to disk without holding a secret.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field, fields, replace
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from maka_eval import strict_json
 from maka_eval.engine.classify import ResultContract
+from maka_eval.engine.environment import Healthcheck, TaskArtifact
 from maka_eval.engine.launch import SubjectLaunch
 from maka_eval.metering.pricing import Prices
 
@@ -112,50 +113,6 @@ class MeteringPlan:
 
 
 @dataclass(frozen=True)
-class HealthcheckPlan:
-    """A task's (or step's) healthcheck, as task.toml gives it (spec.task_directory's
-    `Healthcheck`): the relay runs `command` with bash until it exits 0 (relay.attempt)."""
-
-    command: str
-    interval_sec: float = 5.0
-    timeout_sec: float = 30.0
-    start_period_sec: float = 0.0
-    start_interval_sec: float = 5.0
-    retries: int = 3
-
-    @classmethod
-    def of(cls, check: Any) -> HealthcheckPlan | None:
-        """The plan of a task's `Healthcheck` (None stays None)."""
-        if check is None:
-            return None
-        return cls(**{f.name: getattr(check, f.name) for f in fields(cls)})
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any] | None) -> HealthcheckPlan | None:
-        return cls(**data) if data is not None else None
-
-
-@dataclass(frozen=True)
-class ArtifactPlan:
-    """A task.toml `artifacts` entry (spec.task_directory's `TaskArtifact`): what the
-    relay collects from the environment once the subject is done."""
-
-    source: str
-    destination: str | None = None
-    exclude: tuple[str, ...] = ()
-
-    @classmethod
-    def of(cls, entries: Sequence[Any]) -> tuple[ArtifactPlan, ...]:
-        return tuple(cls(e.source, e.destination, tuple(e.exclude)) for e in entries)
-
-    @classmethod
-    def from_dicts(cls, data: Sequence[Mapping[str, Any]]) -> tuple[ArtifactPlan, ...]:
-        return tuple(
-            cls(d["source"], d.get("destination"), tuple(d.get("exclude", ()))) for d in data
-        )
-
-
-@dataclass(frozen=True)
 class StepPlan:
     """One step of a multi-step task (task.toml `[[steps]]`), its settings resolved:
     the relay runs the steps in order in the same sandbox (relay.steps)."""
@@ -174,17 +131,17 @@ class StepPlan:
     agent_user: str | None = None
     verifier_user: str | None = None
     min_reward: float | Mapping[str, float] | None = None
-    healthcheck: HealthcheckPlan | None = None
+    healthcheck: Healthcheck | None = None
     """Run after the step's setup.sh, before its subject."""
-    artifacts: tuple[ArtifactPlan, ...] = ()
+    artifacts: tuple[TaskArtifact, ...] = ()
     """Collected after the step's subject (with the task's own), before its verifier."""
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> StepPlan:
         values = dict(data)
         values["tests_dirs"] = tuple(values.get("tests_dirs", ()))
-        values["healthcheck"] = HealthcheckPlan.from_dict(values.get("healthcheck"))
-        values["artifacts"] = ArtifactPlan.from_dicts(values.get("artifacts", ()))
+        values["healthcheck"] = Healthcheck.from_dict(values.get("healthcheck"))
+        values["artifacts"] = TaskArtifact.from_dicts(values.get("artifacts", ()))
         return cls(**values)
 
 
@@ -207,8 +164,8 @@ def step_plans(
             min_reward=(
                 dict(step.min_reward) if isinstance(step.min_reward, Mapping) else step.min_reward
             ),
-            healthcheck=HealthcheckPlan.of(step.healthcheck),
-            artifacts=ArtifactPlan.of(step.artifacts),
+            healthcheck=step.healthcheck,
+            artifacts=step.artifacts,
         )
         for step in task.steps
     )
@@ -263,10 +220,10 @@ class AttemptPlan:
     """A multi-step task's steps (empty: one step, the plan's own instruction/tests)."""
     step_reward_strategy: str = "mean"
     """How the steps' rewards make the attempt's: 'mean' or 'final' (Harbor's)."""
-    healthcheck: HealthcheckPlan | None = None
+    healthcheck: Healthcheck | None = None
     """task.toml's [environment.healthcheck]: run once the sandbox is up, before the
     subject (and any step)."""
-    artifacts: tuple[ArtifactPlan, ...] = ()
+    artifacts: tuple[TaskArtifact, ...] = ()
     """task.toml's `artifacts`: collected once the subject is done, before the verifier
     (after each step's subject, for a multi-step task)."""
 
@@ -312,8 +269,8 @@ class AttemptPlan:
                 hidden=tuple(data.pop("hidden", ())),
                 visible=tuple(data.pop("visible", ())),
                 steps=tuple(StepPlan.from_dict(step) for step in data.pop("steps", ())),
-                healthcheck=HealthcheckPlan.from_dict(data.pop("healthcheck", None)),
-                artifacts=ArtifactPlan.from_dicts(data.pop("artifacts", ())),
+                healthcheck=Healthcheck.from_dict(data.pop("healthcheck", None)),
+                artifacts=TaskArtifact.from_dicts(data.pop("artifacts", ())),
                 **data,
             )
         except (KeyError, TypeError, ValueError, AttributeError, RecursionError) as exc:
@@ -370,8 +327,8 @@ def with_task_settings(plan: AttemptPlan) -> AttemptPlan:
         subject=subject,
         steps=step_plans(task, agent_timeout, verifier_timeout),
         step_reward_strategy=task.step_reward_strategy,
-        healthcheck=HealthcheckPlan.of(task.healthcheck),
-        artifacts=ArtifactPlan.of(task.artifacts),
+        healthcheck=task.healthcheck,
+        artifacts=task.artifacts,
         instruction_file=str(task.instruction_file),
         tests_dir=str(task.tests_dir),
         environment_dir=str(task.environment_dir) if task.environment_dir else None,

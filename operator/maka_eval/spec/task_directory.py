@@ -25,6 +25,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from maka_eval.egress.policy import allowed_host_entry
+from maka_eval.engine.environment import Healthcheck, TaskArtifact
 from maka_eval.errors import Problem, TaskError
 from maka_eval.spec.experiment import Experiment
 
@@ -410,20 +411,6 @@ _STEP_FIELDS = frozenset({"name", "agent", "verifier", "min_reward", "healthchec
 STEP_REWARD_STRATEGIES = ("mean", "final")
 
 
-@dataclass(frozen=True)
-class TaskArtifact:
-    """One entry of task.toml `artifacts` (Harbor 0.26): a path in the environment
-    collected once the subject is done, before the verifier runs."""
-
-    source: str
-    """Absolute, or relative to the workdir."""
-    destination: str | None = None
-    """Where it goes among the attempt's artifacts (relative); None: its source path."""
-    exclude: tuple[str, ...] = ()
-    """Patterns of files not to keep from a folder (matched on the path in the folder
-    and on the file's name)."""
-
-
 def _artifacts(value: object, where: str, problems: list[Problem]) -> tuple[TaskArtifact, ...]:
     """task.toml `artifacts`: strings (a source) or tables (source, destination, exclude;
     `service` only for the main container), checked as Harbor checks them."""
@@ -474,21 +461,6 @@ def _artifacts(value: object, where: str, problems: list[Problem]) -> tuple[Task
         else:
             found.append(TaskArtifact(source, destination, tuple(exclude)))
     return tuple(found)
-
-
-@dataclass(frozen=True)
-class Healthcheck:
-    """task.toml `healthcheck` (Harbor 0.26, Docker HEALTHCHECK semantics): `command` runs
-    with bash in the environment until it exits 0; failures in the first
-    `start_period_sec` do not count, and `retries` consecutive failures after it mean
-    the environment never became healthy."""
-
-    command: str
-    interval_sec: float = 5.0
-    timeout_sec: float = 30.0
-    start_period_sec: float = 0.0
-    start_interval_sec: float = 5.0
-    retries: int = 3
 
 
 _HEALTHCHECK_NUMBERS = ("interval_sec", "timeout_sec", "start_period_sec", "start_interval_sec")
