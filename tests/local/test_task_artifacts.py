@@ -14,7 +14,7 @@ from maka_eval.engine.status import AttemptStatus
 from maka_eval.sandbox.process import namespaces_unavailable
 from maka_eval.spec.task_directory import TaskArtifact, load_task
 from maka_eval.store.run_store import artifact_path, read_run
-from tests.helpers import make_task, spec
+from tests.helpers import REWARD_ONE, make_task, spec
 
 S = AttemptStatus
 MAKER = r"""
@@ -136,3 +136,31 @@ def test_artifacts_are_read_as_harbor_gives_them(tmp_path):
         TaskArtifact("log.txt", "logs/log.txt", ("*.pyc",)),
     )
     assert not task.warnings
+
+
+def test_a_folder_of_many_files_yields_a_bounded_list(setup):
+    # A record lists every artifact: a subject that fills a collected folder with files
+    # gets the first MAX_TASK_ARTIFACT_FILES of them kept, and a note.
+    from maka_eval.relay.attempt import MAX_TASK_ARTIFACT_FILES
+
+    last = 1000 + MAX_TASK_ARTIFACT_FILES + 40
+    script = f"mkdir out; for i in $(seq 1000 {last}); do echo $i > out/$i; done; touch done.txt"
+    subject = {"id": "s", "kind": "external", "config": {"command": "sh", "args": ["-c", script]}}
+    s = setup(
+        spec(
+            subjects=[subject],
+            executor={"kind": "local", "config": {"isolation": "none", "sandbox": "process"}},
+            execution={"maxConcurrentTaskGroups": 1, "maxInfraRetries": 0},
+        ),
+        {"t1": {"toml": 'artifacts = ["out"]\n', "test_sh": REWARD_ONE}},
+    )
+    s.run()
+    (record,) = read_run(s.run_dir).attempts("t1::1::s")
+    assert record.status is S.COMPLETED, record.result.reason
+    kept = sorted(a.name for a in record.result.artifacts if a.name.startswith("artifacts/"))
+    # The record itself lists what fits its size budget and counts the rest.
+    assert len(kept) + record.result.artifacts_omitted == MAX_TASK_ARTIFACT_FILES
+    assert kept[0] == "artifacts/out/1000"
+    assert f"only the first {MAX_TASK_ARTIFACT_FILES} files were kept" in " ".join(
+        record.result.notes
+    )

@@ -167,6 +167,9 @@ def _copy_tree(src: str, dst: Path) -> None:
 
 MAX_AGENT_FILES = 256
 """At most this many files of /logs/agent become artifacts."""
+MAX_TASK_ARTIFACT_FILES = 256
+"""At most this many collected task artifact files become artifacts (a record lists
+each; a collected folder may hold any number)."""
 
 
 def _agent_files(root: Path, max_bytes: int) -> list[tuple[str, Path]]:
@@ -202,15 +205,17 @@ def _drop_excluded(folder: Path, patterns: Sequence[str]) -> None:
                 path.unlink()
 
 
-def _task_artifact_files(root: Path, prefix: str) -> list[tuple[str, Path]]:
-    """The collected task artifacts under `root`, as `<prefix>/<path>` artifacts."""
+def _task_artifact_files(root: Path, prefix: str, most: int) -> list[tuple[str, Path]]:
+    """The collected task artifacts under `root`, as `<prefix>/<path>` artifacts: the
+    first `most` in path order."""
     found: list[tuple[str, Path]] = []
     for folder, dirs, files in os.walk(root, followlinks=False):
         dirs.sort()
-        found += [
-            (f"{prefix}/{(Path(folder) / name).relative_to(root).as_posix()}", Path(folder) / name)
-            for name in sorted(files)
-        ]
+        for name in sorted(files):
+            if len(found) == most:
+                return found
+            path = Path(folder) / name
+            found.append((f"{prefix}/{path.relative_to(root).as_posix()}", path))
     return found
 
 
@@ -825,11 +830,20 @@ class _Attempt:
             for step in self.plan.steps
             for name in ("reward.json", "reward.txt")
         ]
-        # task.toml `artifacts`, as collected (the task's, each step's).
-        candidates += _task_artifact_files(layout.root / "artifacts", "artifacts")
+        # task.toml `artifacts`, as collected (the task's, each step's), at most
+        # MAX_TASK_ARTIFACT_FILES in all.
+        most = MAX_TASK_ARTIFACT_FILES + 1  # one more: to know whether any were left
+        collected = _task_artifact_files(layout.root / "artifacts", "artifacts", most)
         for step in self.plan.steps:
             folder = layout.step_dir(step.name) / "artifacts"
-            candidates += _task_artifact_files(folder, f"steps/{step.name}/artifacts")
+            left = most - len(collected)
+            collected += _task_artifact_files(folder, f"steps/{step.name}/artifacts", left)
+        if len(collected) > MAX_TASK_ARTIFACT_FILES:
+            del collected[MAX_TASK_ARTIFACT_FILES:]
+            self.notes.append(
+                f"task artifacts: only the first {MAX_TASK_ARTIFACT_FILES} files were kept"
+            )
+        candidates += collected
         # What the last run of a healthcheck said (the environment's, each step's).
         candidates.append(("healthcheck.out", layout.root / "healthcheck.out"))
         candidates += [
