@@ -84,6 +84,7 @@ from maka_eval.relay.outcome import AttemptOutcome, build_kernel
 from maka_eval.relay.plan import MeteringPlan
 from maka_eval.relay.processes import CancelToken, ProcessSupervisor
 from maka_eval.sandbox.container import remove_leftovers
+from maka_eval.spec.egress import policy_of
 from maka_eval.spec.load import LoadedExperiment
 from maka_eval.spec.metering import prices_of
 from maka_eval.spec.task_directory import TaskDefinition, benchmark_root
@@ -197,9 +198,12 @@ class LocalRun:
         self._work: Path | None = None
         self._host_problem: str | None = None
         self._hidden: tuple[str, ...] = ()
-        # Each task's proxy policy: the spec's blocklist, and a task's own allowlist.
+        # Each task's proxy policy: the spec's blocklist (compiled once), and a task's
+        # own allowlist.
+        spec_policy = policy_of(self.experiment.spec.executor_egress)
         self._egress_policies: dict[str, EgressPolicy | None] = {
-            tid: egress_policy(self.experiment, task) for tid, task in self.tasks.items()
+            tid: egress_policy(self.experiment, task, spec_policy)
+            for tid, task in self.tasks.items()
         }
         # A plug-in executor (executors/attempts.py) runs each attempt in place of the
         # in-process relay; the run loop, the store and the events stay these.

@@ -125,14 +125,17 @@ def egress_mode(experiment: Experiment, task: TaskDefinition) -> str | None:
     return "none" if task.network_mode == "no-network" else config.mode
 
 
-def egress_policy(experiment: Experiment, task: TaskDefinition) -> EgressPolicy | None:
+def egress_policy(
+    experiment: Experiment, task: TaskDefinition, spec_policy: EgressPolicy | None = None
+) -> EgressPolicy | None:
     """The policy the proxy of a cell of `task` enforces (None: no proxy): the spec's
-    blocklist, and for an 'allowlist' task its allowed_hosts on top."""
+    blocklist (`spec_policy`, when already compiled), and for an 'allowlist' task its
+    allowed_hosts on top."""
     if egress_mode(experiment, task) != "proxy":
         return None
     config = experiment.spec.executor_egress
     if task.network_mode != "allowlist":
-        return policy_of(config)
+        return spec_policy or policy_of(config)
     if config is None:
         return EgressPolicy("none", (), task.allowed_hosts)
     return EgressPolicy(config.preset, config.block, task.allowed_hosts)
