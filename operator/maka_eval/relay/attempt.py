@@ -172,9 +172,11 @@ MAX_TASK_ARTIFACT_FILES = 256
 each; a collected folder may hold any number)."""
 
 
-def _agent_files(root: Path, max_bytes: int) -> list[tuple[str, Path]]:
-    """The regular files the subject left in /logs/agent, as `agent/<path>` artifacts:
-    at most MAX_AGENT_FILES and `max_bytes` in all, links never followed."""
+def _files_as_artifacts(
+    root: Path, prefix: str, most: int, max_bytes: float = float("inf")
+) -> list[tuple[str, Path]]:
+    """The regular files under `root`, as `<prefix>/<path>` artifacts: the first `most`
+    in path order, at most `max_bytes` in all, links never followed."""
     found: list[tuple[str, Path]] = []
     total = 0
     for folder, dirs, files in os.walk(root, followlinks=False):
@@ -187,10 +189,10 @@ def _agent_files(root: Path, max_bytes: int) -> list[tuple[str, Path]]:
                 continue
             if not stat.S_ISREG(info.st_mode) or total + info.st_size > max_bytes:
                 continue
-            if len(found) == MAX_AGENT_FILES:
+            if len(found) == most:
                 return found
             total += info.st_size
-            found.append((f"agent/{path.relative_to(root).as_posix()}", path))
+            found.append((f"{prefix}/{path.relative_to(root).as_posix()}", path))
     return found
 
 
@@ -203,20 +205,6 @@ def _drop_excluded(folder: Path, patterns: Sequence[str]) -> None:
             relative = path.relative_to(folder).as_posix()
             if any(fnmatch.fnmatch(relative, p) or fnmatch.fnmatch(name, p) for p in patterns):
                 path.unlink()
-
-
-def _task_artifact_files(root: Path, prefix: str, most: int) -> list[tuple[str, Path]]:
-    """The collected task artifacts under `root`, as `<prefix>/<path>` artifacts: the
-    first `most` in path order."""
-    found: list[tuple[str, Path]] = []
-    for folder, dirs, files in os.walk(root, followlinks=False):
-        dirs.sort()
-        for name in sorted(files):
-            if len(found) == most:
-                return found
-            path = Path(folder) / name
-            found.append((f"{prefix}/{path.relative_to(root).as_posix()}", path))
-    return found
 
 
 def _make_executable(path: Path) -> None:
@@ -833,11 +821,11 @@ class _Attempt:
         # task.toml `artifacts`, as collected (the task's, each step's), at most
         # MAX_TASK_ARTIFACT_FILES in all.
         most = MAX_TASK_ARTIFACT_FILES + 1  # one more: to know whether any were left
-        collected = _task_artifact_files(layout.root / "artifacts", "artifacts", most)
+        collected = _files_as_artifacts(layout.root / "artifacts", "artifacts", most)
         for step in self.plan.steps:
             folder = layout.step_dir(step.name) / "artifacts"
             left = most - len(collected)
-            collected += _task_artifact_files(folder, f"steps/{step.name}/artifacts", left)
+            collected += _files_as_artifacts(folder, f"steps/{step.name}/artifacts", left)
         if len(collected) > MAX_TASK_ARTIFACT_FILES:
             del collected[MAX_TASK_ARTIFACT_FILES:]
             self.notes.append(
@@ -852,7 +840,9 @@ class _Attempt:
             if step.healthcheck is not None
         ]
         candidates.append(("result-frame.json", layout.frame_dir / "result.json"))
-        candidates += _agent_files(layout.agent_logs, self.plan.output_limit_bytes)
+        candidates += _files_as_artifacts(
+            layout.agent_logs, "agent", MAX_AGENT_FILES, self.plan.output_limit_bytes
+        )
         target_root = Path(self.plan.artifacts_dir)
         if not target_root.is_dir():
             target_root.mkdir(parents=True)
