@@ -211,19 +211,31 @@ def measure(run_dir: Path, out_dir: Path) -> dict[str, float]:
     lap("read")
     helper = resource.getrusage(resource.RUSAGE_CHILDREN)  # the reader's helper process
     figures["read_helper_cpu"] = helper.ru_utime + helper.ru_stime
+    figures["helper_peak_mb"] = helper.ru_maxrss / 1024  # the only child so far
     summary = summarize_source(source)
     lap("summarize")
     report = build_report([source], summaries=[summary])
     lap("analyse")
-    write_report(report, out_dir, html=False)
-    lap("write_json_csv")
-    page = render_page(report)
-    (out_dir / "report.html").write_text(page, encoding="utf-8")
-    lap("html_with_plots")
+    # As `maka-eval report` writes: the page is rendered by a forked child (whose CPU
+    # time is read from RUSAGE_CHILDREN) while this process writes the other two files.
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    written = write_report(report, out_dir)
+    lap("write")
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    figures["write_child_cpu"] = (after.ru_utime + after.ru_stime) - (
+        before.ru_utime + before.ru_stime
+    )
+    page = written.html.read_text(encoding="utf-8") if written.html else ""
+    started = time.perf_counter(), time.process_time()
+    render_page(report)  # alone, untimed in the total: what the page costs by itself
+    figures["page_alone"] = time.perf_counter() - started[0]
+    figures["page_alone_cpu"] = time.process_time() - started[1]
     figures["records"] = sum(len(r) for r in source.records().values())
     figures["html_bytes"] = len(page.encode())
     figures["peak_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    figures["helper_peak_mb"] = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    # The largest child's peak: the page's child if it outgrew the helper (its resident
+    # set counts the pages it shares with this process, copy-on-write).
+    figures["children_peak_mb"] = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
     figures["arms"] = len(report.arms)
     figures["pairs"] = len(report.pairs)
     figures["loss_warnings"] = len(report.loss_warnings)
@@ -266,14 +278,13 @@ def main() -> None:
         if child.returncode != 0:
             sys.exit(child.stderr)
         f = json.loads(child.stdout.strip().splitlines()[-1])
-        phases = ("read", "summarize", "analyse", "write_json_csv")
-        without_html = sum(f[p] for p in phases)
-        without_html_cpu = sum(f[p + "_cpu"] for p in phases) + f["read_helper_cpu"]
-        total = without_html + f["html_with_plots"]
-        total_cpu = without_html_cpu + f["html_with_plots_cpu"]
+        phases = ("read", "summarize", "analyse", "write")
+        total = sum(f[p] for p in phases)
+        total_cpu = sum(f[p + "_cpu"] for p in phases) + f["read_helper_cpu"]
+        total_cpu += f["write_child_cpu"]
 
         def row(label: str, key: str) -> str:
-            return f"{label:<44}{f[key]:7.2f} s wall {f[key + '_cpu']:7.2f} s CPU"
+            return f"{label:<48}{f[key]:7.2f} s wall {f[key + '_cpu']:7.2f} s CPU"
 
         print(f"records read back: {int(f['records']):,}")
         print(
@@ -282,28 +293,32 @@ def main() -> None:
         )
         print(row("summarize (selection, cell states)", "summarize"))
         print(row(f"analyse (bootstrap 10,000 x {int(f['arms'])}+{int(f['pairs'])})", "analyse"))
-        print(row("write summary.json + cells.csv", "write_json_csv"))
-        print(row(f"report.html, 4 plots ({f['html_bytes'] / 1024:.0f} KiB)", "html_with_plots"))
         print(
-            f"{'total without the page':<44}{without_html:7.2f} s wall "
-            f"{without_html_cpu:7.2f} s CPU"
+            row(
+                f"write summary.json, cells.csv, report.html ({f['html_bytes'] / 1024:.0f} KiB)",
+                "write",
+            )
+            + f" + {f['write_child_cpu']:.2f} s CPU in the page's child"
         )
+        print(row("  (the page with its 4 plots alone, not in total)", "page_alone"))
         verdict_time = "PASS" if total < TARGET_SEC else "MISS"
-        # Both processes at their peaks at once: an upper bound of the report's memory.
-        peak_mb = f["peak_mb"] + f["helper_peak_mb"]
-        verdict_memory = "PASS" if peak_mb < TARGET_MB else "MISS"
         print(
-            f"{'total with the page':<44}{total:7.2f} s wall {total_cpu:7.2f} s CPU"
+            f"{'total':<48}{total:7.2f} s wall {total_cpu:7.2f} s CPU"
             f"  (target < {TARGET_SEC:.0f} s: {verdict_time})"
         )
+        # An upper bound: the report's peak plus its largest child's (the helper and the
+        # page's child never run at once), as if both peaks fell at the same moment.
+        peak_mb = f["peak_mb"] + max(f["helper_peak_mb"], f["children_peak_mb"])
+        verdict_memory = "PASS" if peak_mb < TARGET_MB else "MISS"
         print(
-            f"{'peak memory (ru_maxrss): report + helper':<44}{peak_mb:7.0f} MB"
-            f"  = {f['peak_mb']:.0f} + {f['helper_peak_mb']:.0f}"
+            f"{'peak memory (ru_maxrss): report + largest child':<48}{peak_mb:7.0f} MB"
+            f"  = {f['peak_mb']:.0f} + max(helper {f['helper_peak_mb']:.0f}, "
+            f"page child {f['children_peak_mb']:.0f})"
             f"  (target < {TARGET_MB:.0f} MB: {verdict_memory})"
         )
-        print(f"{'loss warnings raised':<44}{int(f['loss_warnings']):7d}")
+        print(f"{'loss warnings raised':<48}{int(f['loss_warnings']):7d}")
         print(
-            f"{'machine load (1-min average)':<44}{os.getloadavg()[0]:7.2f} "
+            f"{'machine load (1-min average)':<48}{os.getloadavg()[0]:7.2f} "
             f"on {os.cpu_count()} CPUs"
         )
     finally:

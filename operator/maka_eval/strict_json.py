@@ -2,14 +2,30 @@
 
 The standard library keeps the last of two duplicate keys silently, reads the
 non-standard constants NaN, Infinity and -Infinity as floats, and raises RecursionError
-on deeply nested input. Standard library only: the relay reads result frames with it,
-the spec loader documents.
+on deeply nested input. The standard library is enough: the relay reads result frames
+with it inside task images that may have nothing else.
+
+Where `jiter` (pydantic's JSON parser, a dependency of the package) is installed, bytes
+are parsed by it first: 2.5 times as fast as the standard library with the
+duplicate-key hook, which matters to a report reading 100,000 records. It refuses
+duplicate keys, NaN and Infinity itself, and it is stricter than the standard library
+elsewhere (a lone surrogate escape, nesting past 200 levels, a byte-order mark, any
+encoding but UTF-8): whatever it refuses is read again by the standard library, so what
+is accepted, what it reads as, and every error message are the standard library's.
+`tests/test_strict_json.py` checks that the two agree on generated documents.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
+
+_jiter_from_json: Callable[..., Any] | None
+try:
+    from jiter import from_json as _jiter_from_json
+except ImportError:  # a relay in a task image: the standard library alone
+    _jiter_from_json = None
 
 
 class DuplicateKeyError(ValueError):
@@ -76,6 +92,15 @@ def loads(text: str | bytes, *, max_depth: int | None = None, allow_nonfinite: b
     `allow_nonfinite` keeps NaN/Infinity as floats for a caller that refuses them itself
     with a better message (the spec loader names their JSON path).
     """
+    if isinstance(text, bytes) and _jiter_from_json is not None and not allow_nonfinite:
+        try:
+            value = _jiter_from_json(text, allow_inf_nan=False, catch_duplicate_keys=True)
+        except ValueError:
+            pass  # read again below: the standard library's verdict and message
+        else:
+            if max_depth is not None and depth(value) > max_depth:
+                raise NestingError(f"the document is nested more than {max_depth} levels deep")
+            return value
     if isinstance(text, bytes | bytearray):  # as json.loads decodes bytes
         text = text.decode(json.detect_encoding(text), "surrogatepass")
     elif not isinstance(text, str):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -187,6 +188,59 @@ def test_write_report_writes_three_files(report, tmp_path):
     assert written.csv.read_text().startswith("run,arm,subject,task,repetition,cell,")
     lean = write_report(report, tmp_path / "lean", html=False)
     assert lean.html is None and not (tmp_path / "lean" / "report.html").exists()
+
+
+def test_the_page_is_written_by_a_forked_child_while_the_rest_is_written(
+    report, tmp_path, monkeypatch
+):
+    from maka_eval.analysis import report as module
+    from maka_eval.analysis.page import render_page
+
+    children = []
+    alongside = module._page_alongside
+
+    def spy(*args):
+        children.append(alongside(*args))
+        return children[-1]
+
+    monkeypatch.setattr(module, "_page_alongside", spy)
+    written = write_report(report, tmp_path / "out")
+    assert len(children) == 1 and children[0] not in (None, os.getpid())
+    assert written.html.read_text() == render_page(report)
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
+        "cells.csv",
+        "report.html",
+        "summary.json",
+    ]  # no partial page left behind
+
+
+def test_a_child_that_fails_leaves_the_page_to_this_process(report, tmp_path, monkeypatch):
+    from maka_eval.analysis import report as module
+
+    here = os.getpid()
+    write_page = module._write_page
+
+    def fails_in_the_child(report, path):
+        if os.getpid() != here:
+            raise RuntimeError("the child's matplotlib is broken")
+        write_page(report, path)
+
+    monkeypatch.setattr(module, "_write_page", fails_in_the_child)
+    written = write_report(report, tmp_path / "out")
+    assert written.html.read_text().startswith("<!DOCTYPE html>")
+
+
+def test_a_page_that_cannot_be_rendered_raises_here(report, tmp_path, monkeypatch):
+    from maka_eval.analysis import page
+
+    def broken(report):
+        raise RuntimeError("no plots today")
+
+    monkeypatch.setattr(page, "render_page", broken)
+    with pytest.raises(RuntimeError, match="no plots today"):
+        write_report(report, tmp_path / "out")
+    # the other two files were written; no page, whole or partial
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["cells.csv", "summary.json"]
 
 
 def test_the_same_seed_gives_the_same_intervals():

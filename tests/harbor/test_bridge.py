@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import subprocess
 import sys
 from pathlib import Path
 
@@ -33,7 +34,21 @@ def test_staging_copies_a_self_contained_package(tmp_path):
     folder = stage_bridge(tmp_path)
     names = {p.name for p in (folder / PACKAGE).iterdir()}
     assert {"__init__.py", "agent.py", "environment.py", "worker.py", "strict_json.py"} <= names
-    # strict_json is standard library only, so the fallback import works in Harbor's Python.
-    assert _imports(folder / PACKAGE / "strict_json.py") <= set(sys.stdlib_module_names) | {
-        "__future__"
+    # strict_json needs only the standard library (jiter, when there, is only faster), so
+    # the fallback import works in Harbor's Python.
+    tops = {module.split(".")[0] for module in _imports(folder / PACKAGE / "strict_json.py")}
+    assert tops <= set(sys.stdlib_module_names) | {
+        "__future__",
+        "jiter",
     }
+    without_jiter = (
+        "import sys; sys.modules['jiter'] = None; "  # importing it now raises ImportError
+        f"sys.path.insert(0, {str(folder / PACKAGE)!r}); import strict_json; "
+        "assert strict_json._jiter_from_json is None; "
+        "print(strict_json.loads(b'{\"a\": [1]}'))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-I", "-c", without_jiter], capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "{'a': [1]}"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import os
 import sys
+import time
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta, timezone
 
@@ -78,31 +79,43 @@ def _run(tmp_path):
     return run
 
 
-def _force_helper(monkeypatch):
+def _force_helper(monkeypatch, *, slow_here=0.0):
+    """Make read_run share even a small run with the helper; return the helpers made.
+    `slow_here` slows this process's own reading of each task (not the helper's), so
+    that the helper, which starts later, gets its share."""
     monkeypatch.setattr(attempts, "HELPER_FROM_CELLS", 1)
     monkeypatch.setattr(attempts, "_usable_cpus", lambda: 2)
-    used = []
-    result = attempts._Helper.result
+    helpers = []
+    init = attempts._Helper.__init__
 
-    def spy(self):
-        read = result(self)
-        used.append(read is not None)
-        return read
+    def spy(self, *args):
+        init(self, *args)
+        helpers.append(self)
 
-    monkeypatch.setattr(attempts._Helper, "result", spy)
-    return used
+    monkeypatch.setattr(attempts._Helper, "__init__", spy)
+    if slow_here:
+        read_tasks = attempts._read_tasks
+
+        def slow(*args):
+            time.sleep(slow_here)
+            return read_tasks(*args)
+
+        monkeypatch.setattr(attempts, "_read_tasks", slow)
+    return helpers
 
 
-def test_a_split_read_is_the_same_as_one_process_reading_it_all(tmp_path, monkeypatch):
+def test_a_shared_read_is_the_same_as_one_process_reading_it_all(tmp_path, monkeypatch):
     run = _run(tmp_path)
     alone = read_run(run)
     assert sum(len(r) for r in alone.records.values()) == 27
     assert alone.interrupted == {"t1::1::a": [2], "t6::2::b": [2]}
     assert [p.where.split("/cells/")[1] for p in alone.damaged] == ["t5/1/a/attempts/0001.json"]
 
-    used = _force_helper(monkeypatch)
+    helpers = _force_helper(monkeypatch, slow_here=0.25)
     split = read_run(run)
-    assert used == [True]
+    assert len(helpers) == 1
+    # The helper read from the last task back; this process, slowed, from the first on.
+    assert helpers[0].pieces and 5 in helpers[0].pieces and 0 not in helpers[0].pieces
     assert list(split.records) == list(alone.records)  # path order, then attempt order
     assert split.records == alone.records
     assert split.interrupted == alone.interrupted
@@ -110,17 +123,47 @@ def test_a_split_read_is_the_same_as_one_process_reading_it_all(tmp_path, monkey
     assert gc.isenabled()
 
 
-def test_a_failed_helper_leaves_its_half_to_this_process(tmp_path, monkeypatch):
+def test_a_fast_reader_leaves_the_late_helper_little_or_nothing(tmp_path, monkeypatch):
     run = _run(tmp_path)
     alone = read_run(run)
-    used = _force_helper(monkeypatch)
-    monkeypatch.setattr(attempts, "_HELPER_MAIN", "import sys; sys.exit(3)")
-    failed = read_run(run)
-    assert used == [False]
-    assert failed.records == alone.records and failed.damaged == alone.damaged
+    helpers = _force_helper(monkeypatch)  # this process reads six tasks before it starts
+    shared = read_run(run)
+    assert len(helpers) == 1 and len(helpers[0].pieces) <= 2
+    assert shared.records == alone.records and shared.damaged == alone.damaged
 
+
+@pytest.mark.parametrize(
+    "helper_main",
+    [
+        "import sys; sys.exit(3)",  # fails at once
+        # says it started the last task, then sends garbage and exits
+        "import struct, sys; o = sys.stdout.buffer; "
+        "o.write(struct.pack('<cI', b'S', 4) + struct.pack('<I', 5)); "
+        "o.write(struct.pack('<cI', b'T', 9) + b'garbage!!'); o.flush()",
+        # says it started the last task, then dies without sending it
+        "import struct, sys; o = sys.stdout.buffer; "
+        "o.write(struct.pack('<cI', b'S', 4) + struct.pack('<I', 5)); o.flush()",
+    ],
+)
+def test_what_a_failed_helper_did_not_deliver_is_read_here(tmp_path, monkeypatch, helper_main):
+    run = _run(tmp_path)
+    alone = read_run(run)
+    helpers = _force_helper(monkeypatch, slow_here=0.05)
+    monkeypatch.setattr(attempts, "_HELPER_MAIN", helper_main)
+    failed = read_run(run)
+    assert len(helpers) == 1
+    assert list(failed.records) == list(alone.records)
+    assert failed.records == alone.records and failed.damaged == alone.damaged
+    assert failed.interrupted == alone.interrupted
+
+
+def test_a_helper_that_cannot_start_leaves_it_all_here(tmp_path, monkeypatch):
+    run = _run(tmp_path)
+    alone = read_run(run)
+    helpers = _force_helper(monkeypatch)
     monkeypatch.setattr(attempts.sys, "executable", str(tmp_path / "no-such-python"))
-    assert read_run(run).records == alone.records  # it could not even start
+    assert read_run(run).records == alone.records
+    assert helpers == []
 
 
 def test_a_record_must_be_a_regular_file_of_bounded_size(tmp_path):

@@ -15,6 +15,8 @@ import csv
 import io
 import json
 import math
+import os
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -440,21 +442,64 @@ class Written:
 
 
 def write_report(report: Report, out_dir: Path, *, html: bool = True) -> Written:
-    """Write summary.json, cells.csv and (unless html=False) report.html into out_dir."""
+    """Write summary.json, cells.csv and (unless html=False) report.html into out_dir.
+
+    On Linux the page (its four plots are most of a large report's writing time) is
+    rendered by a forked child while this process writes the other two files; if the
+    child fails in any way, this process renders it, so its errors are raised here."""
     with collector_paused():
-        return _written(report, out_dir, html)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        html_path = out_dir / "report.html" if html else None
+        page_writer = _page_alongside(report, html_path) if html_path is not None else None
+        try:
+            summary_path = out_dir / "summary.json"
+            text = json.dumps(report_json(report), indent=2) + "\n"
+            summary_path.write_text(text, encoding="utf-8")
+            csv_path = out_dir / "cells.csv"
+            csv_path.write_text(cells_csv(report), encoding="utf-8")
+        finally:
+            page_written = page_writer is not None and _wait_for(page_writer)
+        if html_path is not None and not page_written:
+            _write_page(report, html_path)
+        return Written(html_path, csv_path, summary_path)
 
 
-def _written(report: Report, out_dir: Path, html: bool) -> Written:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    summary_path = out_dir / "summary.json"
-    summary_path.write_text(json.dumps(report_json(report), indent=2) + "\n", encoding="utf-8")
-    csv_path = out_dir / "cells.csv"
-    csv_path.write_text(cells_csv(report), encoding="utf-8")
-    html_path = None
-    if html:
-        from maka_eval.analysis.page import render_page  # matplotlib: only for the page
+def _write_page(report: Report, path: Path) -> None:
+    from maka_eval.analysis.page import render_page  # matplotlib: only for the page
 
-        html_path = out_dir / "report.html"
-        html_path.write_text(render_page(report), encoding="utf-8")
-    return Written(html_path, csv_path, summary_path)
+    partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        partial.write_text(render_page(report), encoding="utf-8")
+        os.replace(partial, path)  # never a half-written page under its name
+    finally:
+        partial.unlink(missing_ok=True)
+
+
+def _page_alongside(report: Report, path: Path) -> int | None:
+    """Fork a child that writes the page: its pid, or None (not Linux, or no fork)."""
+    if not sys.platform.startswith("linux"):
+        return None  # elsewhere forking a process that has loaded numpy is not safe
+    try:
+        pid = os.fork()
+    except OSError:
+        return None
+    if pid == 0:  # the child: write the page and leave at once (no atexit, no flushes)
+        code = 1
+        try:
+            _write_page(report, path)
+            code = 0
+        finally:
+            os._exit(code)
+    return pid
+
+
+def _wait_for(pid: int) -> bool:
+    """Whether the forked child wrote the page."""
+    while True:
+        try:
+            _, status = os.waitpid(pid, 0)
+        except InterruptedError:
+            continue
+        except ChildProcessError:  # reaped elsewhere: whether it wrote is unknown
+            return False
+        return os.waitstatus_to_exitcode(status) == 0

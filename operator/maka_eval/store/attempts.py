@@ -19,12 +19,16 @@ take the contract's fast path (`AttemptRecord.from_dict` -> `plain_record`).
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import gc
 import marshal
 import os
 import pickle
+import select
+import struct
 import subprocess
 import sys
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
@@ -84,13 +88,7 @@ def read_cells(cells_root: str, run_id: str) -> CellsRead:
         tasks = _subdirectory_names(cells_root)
         if not _worth_a_helper(cells_root, tasks):
             return _read_tasks(cells_root, tasks, run_id)
-        half = len(tasks) // 2
-        with _helper(cells_root, tasks[half], run_id) as helper:
-            read = _read_tasks(cells_root, tasks[:half], run_id)
-            rest = helper.result() if helper is not None else None
-        if rest is None:  # the helper failed: read its half here
-            rest = _read_tasks(cells_root, tasks[half:], run_id)
-        read.extend(rest)
+        read = _shared_read(cells_root, tasks, run_id)
         if sum(map(len, read.records.values())) >= FREEZE_FROM_RECORDS:
             # A large run's records are most of the heap, live as long as their reader
             # and hold no cycles: move them (and what else is alive) out of the
@@ -99,15 +97,102 @@ def read_cells(cells_root: str, run_id: str) -> CellsRead:
         return read
 
 
+# -- two processes share the read -----------------------------------------------------------
+# This process reads the task directories from the first on, the helper from the last
+# back, until they meet: neither waits for the other however their speeds differ (the
+# helper starts about 0.3 s late, and this process also rebuilds what the helper sends).
+# Each says which task it starts before it reads it: this process on the helper's stdin
+# (`_TASK_INDEX` numbers), the helper in its output (frames). Each stops before a task the
+# other has started, so the two cover every task, one or two possibly twice (both may
+# start the same task at once; this process keeps its own). The helper's frames are
+# taken as they come, between two tasks. Whatever the helper did not deliver, because
+# it failed, could not start or sent something unreadable, this process reads itself.
+
+_TASK_INDEX = struct.Struct("<I")
+"""A task's index, as this process tells the helper it started it."""
+_FRAME = struct.Struct("<cI")
+"""A helper frame's head: its kind and the length of what follows."""
+_FRAME_STARTED = b"S"  # payload: _TASK_INDEX
+_FRAME_TASK = b"T"  # payload: _TASK_INDEX, then encode_cells_read of that task's cells
+_FRAME_END = b"E"  # no payload: the helper stopped and sent all it read
+_PIPE_BYTES = 1 << 20
+"""The helper's output pipe is enlarged to this (where Linux allows): it then rarely
+waits for this process to take a task's records."""
+_F_SETPIPE_SZ = 1031
+
+
+def _shared_read(cells_root: str, tasks: Sequence[str], run_id: str) -> CellsRead:
+    pieces: dict[int, CellsRead] = {}
+    with _helper(cells_root, tasks, run_id) as helper:
+        reading = 0.0  # seconds this process spent reading tasks
+        for index, task in enumerate(tasks):
+            if helper is not None:
+                helper.take_frames()
+                if index >= helper.lowest_started:
+                    break
+                if pieces and helper.should_take_over(
+                    helper.lowest_started - index, reading / len(pieces)
+                ):
+                    break
+                helper.tell_started(index)
+            if helper is None or index not in helper.pieces:  # (the helper failed)
+                started = time.perf_counter()
+                pieces[index] = _read_tasks(cells_root, [task], run_id)
+                reading += time.perf_counter() - started
+        if helper is not None:
+            helper.finish()
+            for index, piece in helper.pieces.items():
+                pieces.setdefault(index, piece)
+    read = CellsRead()
+    for index, task in enumerate(tasks):
+        own = pieces.get(index)
+        read.extend(own if own is not None else _read_tasks(cells_root, [task], run_id))
+    return read
+
+
 def serve_helper() -> None:
-    """The helper process: read the task directories under argv[1] named argv[2] or
-    after, for run argv[3]; write the CellsRead to stdout (`encode_cells_read`)."""
-    cells_root, first, run_id = sys.argv[1:4]
+    """The helper process: read task directories under argv[1] for run argv[2], from
+    the last of those this process named on stdin back, until one this process has
+    started; send each in frames on stdout (see `_shared_read`)."""
+    cells_root, run_id = sys.argv[1:3]
     gc.disable()  # a short-lived process holding acyclic records
-    tasks = [task for task in _subdirectory_names(cells_root) if task >= first]
-    read = _read_tasks(cells_root, tasks, run_id)
-    sys.stdout.buffer.write(encode_cells_read(read))
-    sys.stdout.buffer.flush()
+    out = sys.stdout.buffer
+    started = sys.stdin.fileno()  # unbuffered: no number may be read ahead and lost
+    (size,) = _TASK_INDEX.unpack(_read_exactly(started, _TASK_INDEX.size))
+    tasks: list[str] = marshal.loads(_read_exactly(started, size))
+    os.set_blocking(started, False)
+    pending = b""
+    other = -1  # the last task this process said it started
+    for index in range(len(tasks) - 1, -1, -1):
+        try:
+            chunk = os.read(started, 1 << 16)
+        except BlockingIOError:
+            chunk = b""
+        if chunk:
+            pending += chunk
+            whole = len(pending) - len(pending) % _TASK_INDEX.size
+            if whole:
+                (other,) = _TASK_INDEX.unpack_from(pending, whole - _TASK_INDEX.size)
+                pending = pending[whole:]
+        if index <= other:
+            break
+        number = _TASK_INDEX.pack(index)
+        out.write(_FRAME.pack(_FRAME_STARTED, len(number)) + number)
+        out.flush()
+        data = number + encode_cells_read(_read_tasks(cells_root, [tasks[index]], run_id))
+        out.write(_FRAME.pack(_FRAME_TASK, len(data)) + data)
+    out.write(_FRAME.pack(_FRAME_END, 0))
+    out.flush()
+
+
+def _read_exactly(fd: int, size: int) -> bytes:
+    data = b""
+    while len(data) < size:
+        chunk = os.read(fd, size - len(data))
+        if not chunk:
+            raise EOFError("this process closed the helper's stdin early")
+        data += chunk
+    return data
 
 
 # -- the helper's output -------------------------------------------------------------------
@@ -339,23 +424,143 @@ def _read_record(path: str) -> bytes:
 
 
 class _Helper:
-    """The helper process, started; its result is None if it failed in any way."""
+    """The started helper: the tasks it has started, and what it sent of them.
 
-    def __init__(self, process: subprocess.Popen[bytes]) -> None:
+    Frames are taken as they come but decoded late: records rebuilt between this
+    process's own would scatter both over the heap, and every later phase of a report
+    then runs 30% slower (measured). So this process reads until the decoding it owes
+    would take as long as the helper needs for the tasks left between them, then leaves
+    those to the helper and decodes meanwhile (`should_take_over`, `finish`)."""
+
+    def __init__(self, process: subprocess.Popen[bytes], task_count: int) -> None:
         self.process = process
+        self.lowest_started = task_count
+        """The first task this process must leave to the helper (none yet)."""
+        self.pieces: dict[int, CellsRead] = {}
+        """The tasks the helper read, decoded."""
+        self._frames: list[tuple[int, bytes]] = []  # received, not decoded yet
+        self._undecoded_bytes = 0
+        self._seconds_per_byte: float | None = None  # decoding, from the first task sent
+        self._first_sent: float | None = None  # when its first task arrived
+        self._tasks_sent = 0
+        self._buffer = bytearray()
+        self._ended = False
+        assert process.stdout is not None and process.stdin is not None
+        self._out = process.stdout.fileno()
+        self._in = process.stdin.fileno()
+        os.set_blocking(self._out, False)
+        # A full stdin pipe must not make this process wait while the helper waits for
+        # it to take frames: a number that does not fit is dropped (the next one says
+        # more; a pipe write this small is all or nothing).
+        os.set_blocking(self._in, False)
+        with contextlib.suppress(OSError):  # not Linux, or over the allowed pipe size
+            fcntl.fcntl(self._out, _F_SETPIPE_SZ, _PIPE_BYTES)
 
-    def result(self) -> CellsRead | None:
-        out, _ = self.process.communicate()
-        if self.process.returncode != 0:
-            return None
+    def tell_started(self, index: int) -> None:
+        if self._ended:
+            return
         try:
-            return decode_cells_read(out)
-        except Exception:  # truncated or garbled output can raise almost anything
-            return None
+            os.write(self._in, _TASK_INDEX.pack(index))
+        except BlockingIOError:
+            pass
+        except OSError:  # the helper is gone: what it did not send is read here
+            self._fail()
+
+    def should_take_over(self, tasks_left: int, seconds_per_task: float) -> bool:
+        """Whether the helper should read the tasks left between the two processes
+        while this one decodes what it has sent. Its pace is measured once it has sent
+        a few tasks (it also encodes them: about 15% slower than this process's)."""
+        if self._seconds_per_byte is None or self._ended:
+            return False
+        if self._first_sent is not None and self._tasks_sent > 10:
+            seconds_per_task = (time.perf_counter() - self._first_sent) / (self._tasks_sent - 1)
+        return self._undecoded_bytes * self._seconds_per_byte >= tasks_left * seconds_per_task
+
+    def take_frames(self, *, wait: bool = False) -> None:
+        """Take what the helper has sent; with `wait`, wait until it sends something
+        (or stops)."""
+        while not self._ended:
+            try:
+                chunk = os.read(self._out, _PIPE_BYTES)
+            except BlockingIOError:
+                if not wait:
+                    return
+                select.select([self._out], [], [])
+                continue
+            except OSError:
+                chunk = b""
+            if not chunk:  # the helper exited before its end frame
+                self._fail()
+                return
+            self._buffer += chunk
+            self._split_frames()
+            wait = False
+
+    def finish(self) -> None:
+        """Decode what the helper sends until it stops."""
+        with contextlib.suppress(OSError):
+            self.process.stdin.close()  # type: ignore[union-attr]  # no more numbers
+        while True:
+            self._decode_frames()
+            if self._ended:
+                return
+            self.take_frames(wait=True)
+
+    def _split_frames(self) -> None:
+        buffer, at = self._buffer, 0
+        try:
+            while len(buffer) - at >= _FRAME.size:
+                kind, length = _FRAME.unpack_from(buffer, at)
+                end = at + _FRAME.size + length
+                if end > len(buffer):
+                    break
+                body = bytes(buffer[at + _FRAME.size : end])
+                at = end
+                if kind == _FRAME_END:
+                    self._ended = True
+                    self.process.wait()
+                    return
+                (index,) = _TASK_INDEX.unpack_from(body)
+                if kind == _FRAME_STARTED:
+                    self.lowest_started = min(self.lowest_started, index)
+                elif kind == _FRAME_TASK:
+                    self._tasks_sent += 1
+                    if self._first_sent is None:
+                        self._first_sent = time.perf_counter()
+                    self._frames.append((index, body[_TASK_INDEX.size :]))
+                    self._undecoded_bytes += len(body)
+                    if self._seconds_per_byte is None:  # the first: decoded now, timed
+                        started = time.perf_counter()
+                        self._decode_frames()
+                        elapsed = time.perf_counter() - started
+                        self._seconds_per_byte = elapsed / max(len(body), 1)
+                else:
+                    raise ValueError(f"unknown frame {kind!r}")
+        except Exception:  # garbled output can raise almost anything: read it here
+            self._fail()
+            return
+        del buffer[:at]
+
+    def _decode_frames(self) -> None:
+        frames, self._frames, self._undecoded_bytes = self._frames, [], 0
+        for index, data in frames:
+            try:
+                self.pieces[index] = decode_cells_read(data)
+            except Exception:  # garbled: this process reads that task itself
+                continue
+
+    def _fail(self) -> None:
+        # Nothing more is taken from it; a task it started and did not send is read by
+        # this process (_shared_read reads every task that has no piece).
+        self._ended = True
+        self.lowest_started = sys.maxsize
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait()
 
 
 @contextlib.contextmanager
-def _helper(cells_root: str, first: str, run_id: str) -> Iterator[_Helper | None]:
+def _helper(cells_root: str, tasks: Sequence[str], run_id: str) -> Iterator[_Helper | None]:
     """Start the helper (None if it cannot start: this process then reads it all); it
     is killed if this process stops reading early."""
     # The helper imports this package from where this process did, installed or not.
@@ -363,8 +568,8 @@ def _helper(cells_root: str, first: str, run_id: str) -> Iterator[_Helper | None
     paths = [package_root, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     try:
         process = subprocess.Popen(
-            [sys.executable, "-c", _HELPER_MAIN, cells_root, first, run_id],
-            stdin=subprocess.DEVNULL,
+            [sys.executable, "-c", _HELPER_MAIN, cells_root, run_id],
+            stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env={**os.environ, "PYTHONPATH": os.pathsep.join(paths)},
         )
@@ -372,11 +577,25 @@ def _helper(cells_root: str, first: str, run_id: str) -> Iterator[_Helper | None
         yield None
         return
     try:
-        yield _Helper(process)
+        names = marshal.dumps(list(tasks))
+        assert process.stdin is not None
+        try:  # the list is small (20 bytes a task); the helper reads it first
+            process.stdin.write(_TASK_INDEX.pack(len(names)) + names)
+            process.stdin.flush()
+        except OSError:
+            process.kill()
+            process.wait()
+            yield None
+            return
+        yield _Helper(process, len(tasks))
     finally:
         if process.poll() is None:
             process.kill()
-            process.communicate()
+        process.wait()
+        for stream in (process.stdin, process.stdout):
+            with contextlib.suppress(OSError):
+                if stream is not None:
+                    stream.close()
 
 
 def _worth_a_helper(cells_root: str, tasks: Sequence[str]) -> bool:
