@@ -83,7 +83,12 @@ from maka_eval.relay.attempt import run_attempt
 from maka_eval.relay.outcome import AttemptOutcome, build_kernel
 from maka_eval.relay.plan import MeteringPlan
 from maka_eval.relay.processes import CancelToken, ProcessSupervisor
-from maka_eval.sandbox.container import remove_leftovers
+from maka_eval.sandbox.container import (
+    client_for,
+    drain_removals,
+    forget_images,
+    remove_leftovers,
+)
 from maka_eval.spec.egress import policy_of
 from maka_eval.spec.load import LoadedExperiment
 from maka_eval.spec.metering import prices_of
@@ -260,6 +265,10 @@ class LocalRun:
             engine = self._commands.engine if self._commands is not None else None
             if self._commands is not None and self._commands.containers and engine is not None:
                 remove_leftovers(engine.url, writer.run_id)
+                forget_images()
+                # The engine's client now, not in the first attempts (importing the SDK
+                # takes most of a second: it would count as their preparation).
+                client_for(engine.url)
             if self._plugin_attempts is not None:
                 self._plugin_attempts.prepare(
                     writer, self.run_dir, self._work, self.loaded.base_dir
@@ -272,6 +281,8 @@ class LocalRun:
             with _stop_on_signals(self.cancel):
                 self._reconcile(writer, attempts, requests)
         finally:
+            # Stopped containers are removed in the background: none may outlive the run.
+            drain_removals()
             # Orphans that dropped their attempt's marker could not be attributed to an
             # attempt; with every attempt over, they are nobody's and must not outlive us.
             self.supervisor.quiesce_adopted()
