@@ -243,6 +243,76 @@ def test_a_page_that_cannot_be_rendered_raises_here(report, tmp_path, monkeypatc
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["cells.csv", "summary.json"]
 
 
+def test_build_and_write_writes_cells_csv_from_a_child_during_the_analysis(tmp_path, monkeypatch):
+    from maka_eval.analysis import report as module
+
+    source = FakeSource(DOCUMENT, ATTEMPTS)
+    forked = []
+    alongside = module._alongside
+
+    def spy(write):
+        forked.append(alongside(write))
+        return forked[-1]
+
+    monkeypatch.setattr(module, "_alongside", spy)
+    built, written = module.build_and_write_report([source], tmp_path / "out", resamples=500)
+    assert len(forked) == 2 and None not in forked  # cells.csv, then the page
+    alone = build_report([source], resamples=500)
+    assert written.csv.read_text() == cells_csv(alone) == cells_csv(built)
+    assert (
+        json.loads(written.json.read_text())["arms"]
+        == json.loads(json.dumps(report_json(alone)))["arms"]
+    )
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
+        "cells.csv",
+        "report.html",
+        "summary.json",
+    ]
+
+
+def test_a_failed_csv_child_leaves_cells_csv_to_this_process(tmp_path, monkeypatch):
+    from maka_eval.analysis import report as module
+
+    here = os.getpid()
+    cells = module._cells_csv
+
+    def fails_in_a_child(rows):
+        if os.getpid() != here:
+            raise RuntimeError("the child ran out of memory")
+        return cells(rows)
+
+    monkeypatch.setattr(module, "_cells_csv", fails_in_a_child)
+    source = FakeSource(DOCUMENT, ATTEMPTS)
+    built, written = module.build_and_write_report(
+        [source], tmp_path / "out", resamples=200, html=False
+    )
+    assert written.csv.read_text() == cells_csv(built)
+
+
+def test_an_analysis_that_fails_reaps_the_csv_child_and_raises(tmp_path, monkeypatch):
+    from maka_eval.analysis import report as module
+
+    forked = []
+    alongside = module._alongside
+
+    def spy(write):
+        forked.append(alongside(write))
+        return forked[-1]
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no bootstrap today")
+
+    monkeypatch.setattr(module, "_alongside", spy)
+    monkeypatch.setattr(module, "summarize_arm", broken)
+    with pytest.raises(RuntimeError, match="no bootstrap today"):
+        module.build_and_write_report(
+            [FakeSource(DOCUMENT, ATTEMPTS)], tmp_path / "out", resamples=200
+        )
+    assert len(forked) == 1 and forked[0] is not None
+    with pytest.raises(ChildProcessError):
+        os.waitpid(forked[0], os.WNOHANG)  # reaped already: no zombie is left
+
+
 def test_the_same_seed_gives_the_same_intervals():
     source = FakeSource(DOCUMENT, ATTEMPTS)
     a = build_report([source], resamples=500, seed=5)

@@ -17,7 +17,7 @@ import json
 import math
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -111,19 +111,26 @@ def build_report(
     resamples: int = DEFAULT_RESAMPLES,
     seed: int = 0,
     summaries: Sequence[RunSummary] | None = None,
+    on_cells: Callable[[tuple[CellObservation, ...]], None] | None = None,
 ) -> Report:
-    """Analyse one run, or two runs of the same benchmark (A, then B)."""
+    """Analyse one run, or two runs of the same benchmark (A, then B). `on_cells` is
+    called with the per-cell observations as soon as they are known, before the arms
+    are compared (`build_and_write_report` writes cells.csv from them meanwhile)."""
     if not 1 <= len(sources) <= 2:
         raise ValueError("a report covers one run or two")
     if resamples < 1:
         raise ValueError("the bootstrap needs at least one resample")
     summaries = list(summaries) if summaries is not None else [summarize_source(s) for s in sources]
     with collector_paused():  # a row per cell, no cycles
-        return _analysed(sources, summaries, resamples, seed)
+        return _analysed(sources, summaries, resamples, seed, on_cells)
 
 
 def _analysed(
-    sources: Sequence[AttemptSource], summaries: Sequence[RunSummary], resamples: int, seed: int
+    sources: Sequence[AttemptSource],
+    summaries: Sequence[RunSummary],
+    resamples: int,
+    seed: int,
+    on_cells: Callable[[tuple[CellObservation, ...]], None] | None,
 ) -> Report:
     labels = RUN_LABELS if len(sources) == 2 else ("",)
     runs = tuple(
@@ -142,6 +149,9 @@ def _analysed(
                 repetitions[observation.arm] = summary.expansion.repetitions
             mine.append(observation)
             cells.append(observation)
+    all_cells = tuple(cells)
+    if on_cells is not None:
+        on_cells(all_cells)
     arm_order = list(by_arm)
     stream = iter(range(1_000_000))
     arms = tuple(
@@ -187,7 +197,7 @@ def _analysed(
         losses=losses,
         loss_warnings=tuple(warnings),
         run_differences=tuple(run_differences(*runs)) if len(runs) == 2 else (),
-        cells=tuple(cells),
+        cells=all_cells,
         resamples=resamples,
         seed=seed,
     )
@@ -393,6 +403,10 @@ CELL_COLUMNS = (
 
 def cells_csv(report: Report) -> str:
     """cells.csv: one row per cell of every arm, with or without a result."""
+    return _cells_csv(report.cells)
+
+
+def _cells_csv(cells: Sequence[CellObservation]) -> str:
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(CELL_COLUMNS)
@@ -424,7 +438,7 @@ def cells_csv(report: Report) -> str:
             c.cancelled,
             c.interrupted,
         )
-        for c in report.cells
+        for c in cells
     )
     return out.getvalue()
 
@@ -448,45 +462,96 @@ def write_report(report: Report, out_dir: Path, *, html: bool = True) -> Written
     rendered by a forked child while this process writes the other two files; if the
     child fails in any way, this process renders it, so its errors are raised here."""
     with collector_paused():
-        out_dir.mkdir(parents=True, exist_ok=True)
-        html_path = out_dir / "report.html" if html else None
-        page_writer = _page_alongside(report, html_path) if html_path is not None else None
-        try:
-            summary_path = out_dir / "summary.json"
-            text = json.dumps(report_json(report), indent=2) + "\n"
-            summary_path.write_text(text, encoding="utf-8")
-            csv_path = out_dir / "cells.csv"
-            csv_path.write_text(cells_csv(report), encoding="utf-8")
-        finally:
-            page_written = page_writer is not None and _wait_for(page_writer)
-        if html_path is not None and not page_written:
-            _write_page(report, html_path)
-        return Written(html_path, csv_path, summary_path)
+        return _write(report, out_dir, html, csv_writer=None)
+
+
+def build_and_write_report(
+    sources: Sequence[AttemptSource],
+    out_dir: Path,
+    *,
+    resamples: int = DEFAULT_RESAMPLES,
+    seed: int = 0,
+    summaries: Sequence[RunSummary] | None = None,
+    html: bool = True,
+) -> tuple[Report, Written]:
+    """`build_report`, then `write_report`; on Linux cells.csv (a row per cell: a large
+    report's longest file to write) is written by a forked child while the arms are
+    compared, since it needs only the per-cell observations."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    csv_path = out_dir / "cells.csv"
+    started: list[int | None] = []
+
+    def cells_known(cells: tuple[CellObservation, ...]) -> None:
+        started.append(_alongside(lambda: _write_file(csv_path, lambda: _cells_csv(cells))))
+
+    try:
+        report = build_report(
+            sources, resamples=resamples, seed=seed, summaries=summaries, on_cells=cells_known
+        )
+    except BaseException:
+        if started and started[0] is not None:
+            _wait_for(started[0])  # the analysis failed: reap the child, raise that
+        raise
+    with collector_paused():
+        return report, _write(report, out_dir, html, csv_writer=started[0] if started else None)
+
+
+def _write(report: Report, out_dir: Path, html: bool, *, csv_writer: int | None) -> Written:
+    """Write the files; `csv_writer`: the forked child already writing cells.csv."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    html_path = out_dir / "report.html" if html else None
+    csv_path = out_dir / "cells.csv"
+    page_writer = _page_alongside(report, html_path) if html_path is not None else None
+    try:
+        summary_path = out_dir / "summary.json"
+        text = json.dumps(report_json(report), indent=2) + "\n"
+        summary_path.write_text(text, encoding="utf-8")
+        if csv_writer is None:
+            _write_file(csv_path, lambda: cells_csv(report))
+    finally:
+        csv_written = csv_writer is not None and _wait_for(csv_writer)
+        page_written = page_writer is not None and _wait_for(page_writer)
+    if csv_writer is not None and not csv_written:
+        _write_file(csv_path, lambda: cells_csv(report))
+    if html_path is not None and not page_written:
+        _write_page(report, html_path)
+    return Written(html_path, csv_path, summary_path)
+
+
+def _write_file(path: Path, render: Callable[[], str]) -> None:
+    """Write what `render` makes; never a half-written file under its name."""
+    partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        partial.write_text(render(), encoding="utf-8")
+        os.replace(partial, path)
+    finally:
+        partial.unlink(missing_ok=True)
 
 
 def _write_page(report: Report, path: Path) -> None:
     from maka_eval.analysis.page import render_page  # matplotlib: only for the page
 
-    partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        partial.write_text(render_page(report), encoding="utf-8")
-        os.replace(partial, path)  # never a half-written page under its name
-    finally:
-        partial.unlink(missing_ok=True)
+    _write_file(path, lambda: render_page(report))
 
 
 def _page_alongside(report: Report, path: Path) -> int | None:
     """Fork a child that writes the page: its pid, or None (not Linux, or no fork)."""
+    return _alongside(lambda: _write_page(report, path))
+
+
+def _alongside(write: Callable[[], None]) -> int | None:
+    """Fork a child that calls `write` and exits: its pid, or None (not Linux, or no
+    fork). Whether it wrote is `_wait_for`'s answer."""
     if not sys.platform.startswith("linux"):
         return None  # elsewhere forking a process that has loaded numpy is not safe
     try:
         pid = os.fork()
     except OSError:
         return None
-    if pid == 0:  # the child: write the page and leave at once (no atexit, no flushes)
+    if pid == 0:  # the child: write and leave at once (no atexit, no flushes)
         code = 1
         try:
-            _write_page(report, path)
+            write()
             code = 0
         finally:
             os._exit(code)
@@ -494,7 +559,7 @@ def _page_alongside(report: Report, path: Path) -> int | None:
 
 
 def _wait_for(pid: int) -> bool:
-    """Whether the forked child wrote the page."""
+    """Whether the forked child wrote its file."""
     while True:
         try:
             _, status = os.waitpid(pid, 0)

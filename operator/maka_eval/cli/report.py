@@ -133,17 +133,20 @@ def report_command(
 ) -> None:
     """The full analysis: per-arm intervals, paired comparisons with exact tests, losses;
     writes report.html, cells.csv and summary.json."""
-    from maka_eval.analysis.report import build_report, write_report
+    from maka_eval.analysis.report import build_and_write_report
     from maka_eval.cli.main import _summarize, out
 
     run_dirs = [p for p in (run_dir, run_dir_b) if p is not None]
     sources = _sources(run_dirs, cluster, kubeconfig)
     summaries: list[RunSummary] = [_summarize(source, why) for source, why in sources]
-    report = build_report(
-        [source for source, _ in sources], resamples=resamples, seed=seed, summaries=summaries
-    )
     target = out_dir if out_dir is not None else _default_out(run_dirs, cluster)
-    written = write_report(report, target)
+    report, written = build_and_write_report(
+        [source for source, _ in sources],
+        target,
+        resamples=resamples,
+        seed=seed,
+        summaries=summaries,
+    )
     out.print(report_view(report))
     out.print(
         f"wrote {written.html}, {written.csv.name} and {written.json.name}",
