@@ -7,7 +7,7 @@ the plots and how every figure was computed.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from html import escape
 
 from maka_eval import __version__
@@ -389,16 +389,38 @@ def _cost_section(report: Report, colors: dict[str, str]) -> str:
     )
 
 
-def _plots_section(report: Report, colors: dict[str, str]) -> str:
-    durations: dict[str, list[float]] = {arm.arm: [] for arm in report.arms}
-    for cell in report.cells:
-        if cell.duration_sec is not None:
-            durations[cell.arm].append(cell.duration_sec)
+PLOT_TITLES = ("Score per arm", "Paired differences", "Cost vs score", "Duration per arm")
+"""The page's plots, in page order (`render_plots` names them by these)."""
+
+
+def render_plots(report: Report, titles: Sequence[str]) -> dict[str, str]:
+    """The inline SVG of each plot named (titles from PLOT_TITLES): a large report's
+    writer renders some in a forked child while it renders the others."""
+    colors = arm_colors([arm.arm for arm in report.arms])
+    with collector_paused():
+        return {title: _plot(report, title, colors) for title in titles}
+
+
+def _plot(report: Report, title: str, colors: dict[str, str]) -> str:
+    if title == "Score per arm":
+        return score_plot(report.arms, colors)
+    if title == "Paired differences":
+        return difference_plot(report.pairs)
+    if title == "Cost vs score":
+        return cost_score_plot(report.arms, colors)
+    if title == "Duration per arm":
+        durations: dict[str, list[float]] = {arm.arm: [] for arm in report.arms}
+        for cell in report.cells:
+            if cell.duration_sec is not None:
+                durations[cell.arm].append(cell.duration_sec)
+        return duration_plot(report.arms, durations, colors)
+    raise ValueError(f"no plot is titled {title!r}")
+
+
+def _plots_section(report: Report, colors: dict[str, str], rendered: Mapping[str, str]) -> str:
     figures = [
-        ("Score per arm", score_plot(report.arms, colors)),
-        ("Paired differences", difference_plot(report.pairs)),
-        ("Cost vs score", cost_score_plot(report.arms, colors)),
-        ("Duration per arm", duration_plot(report.arms, durations, colors)),
+        (title, rendered[title] if title in rendered else _plot(report, title, colors))
+        for title in PLOT_TITLES
     ]
     legends = {
         "Score per arm": "Each arm over its own results; compare arms on the pairs.",
@@ -471,13 +493,14 @@ def _missing_section(report: Report) -> str:
     )
 
 
-def render_page(report: Report) -> str:
-    """The whole page as one string."""
+def render_page(report: Report, plots: Mapping[str, str] | None = None) -> str:
+    """The whole page as one string; `plots`: SVGs already rendered (`render_plots`), by
+    title (the others are rendered here)."""
     with collector_paused():  # matplotlib allocates much; the report's rows are many
-        return _page(report)
+        return _page(report, plots or {})
 
 
-def _page(report: Report) -> str:
+def _page(report: Report, plots: Mapping[str, str]) -> str:
     colors = arm_colors([arm.arm for arm in report.arms])
     title = "maka-eval report: " + ", ".join(sorted({r.experiment_id for r in report.runs}))
     parts = [
@@ -485,7 +508,7 @@ def _page(report: Report) -> str:
         _banner(report),
         _warnings(report),
         _arms_section(report, colors),
-        _plots_section(report, colors),
+        _plots_section(report, colors, plots),
         _pairs_section(report),
         _losses_section(report, colors),
         _tokens_section(report, colors),
