@@ -137,9 +137,15 @@ def report_command(
     from maka_eval.cli.main import _summarize, out
 
     run_dirs = [p for p in (run_dir, run_dir_b) if p is not None]
-    sources = _sources(run_dirs, cluster, kubeconfig)
-    summaries: list[RunSummary] = [_summarize(source, why) for source, why in sources]
+    # A large run takes seconds to read: say what is going on (on a terminal only). The
+    # spinner's thread is gone before the report forks its writers.
+    with out.status("reading the attempt records ...") as status:
+        sources = _sources(run_dirs, cluster, kubeconfig)
+        status.update("summarizing the cells ...")
+        summaries: list[RunSummary] = [_summarize(source, why) for source, why in sources]
     target = out_dir if out_dir is not None else _default_out(run_dirs, cluster)
+    if out.is_terminal:
+        out.print("analysing and writing the report ...", style="dim", highlight=False)
     report, written = build_and_write_report(
         [source for source, _ in sources],
         target,
