@@ -369,3 +369,85 @@ def test_healthchecks_are_read_with_harbors_defaults(tmp_path):
         retries=0,
     )
     assert not task.warnings
+
+
+# -- [agent] / [verifier] network overrides ----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "toml",
+    [
+        '[environment]\nnetwork_mode = "no-network"\n[agent]\nnetwork_mode = "no-network"\n',
+        "[agent]\nnetwork_mode = 'public'\n[verifier]\nnetwork_mode = 'public'\n",
+        '[environment]\nallow_internet = false\n[verifier]\nnetwork_mode = "no-network"\n',
+        '[environment]\nnetwork_mode = "allowlist"\nallowed_hosts = ["pypi.org", "*.x.dev"]\n'
+        '[agent]\nnetwork_mode = "allowlist"\nallowed_hosts = ["*.X.dev", "PyPI.org."]\n',
+    ],
+)
+def test_a_phase_override_that_is_the_environments_policy_is_accepted(tmp_path, toml):
+    make_task(tmp_path, "t", toml=toml)
+    task, problems = load_task("t", tmp_path / "t", "tasks[0]", host_env={})
+    assert not problems and task is not None, problems
+    assert task.warnings == ()
+
+
+@pytest.mark.parametrize(
+    ("toml", "where", "message"),
+    [
+        # the agent offline in a public environment: ignoring it would give the agent a
+        # network its task denies it
+        (
+            '[agent]\nnetwork_mode = "no-network"\n',
+            "[agent]",
+            "network_mode 'no-network' differs from [environment] network_mode 'public'",
+        ),
+        (
+            '[environment]\nnetwork_mode = "no-network"\n[verifier]\nnetwork_mode = "public"\n',
+            "[verifier]",
+            "cannot give the verifier one of its own",
+        ),
+        (
+            '[environment]\nnetwork_mode = "allowlist"\nallowed_hosts = ["pypi.org"]\n'
+            '[agent]\nnetwork_mode = "allowlist"\nallowed_hosts = ["example.com"]\n',
+            "[agent]",
+            "'allowlist' with ['example.com'] differs from [environment] network_mode "
+            "'allowlist' with ['pypi.org']",
+        ),
+        ("[agent]\nallowed_hosts = ['pypi.org']\n", "[agent]", "only valid with network_mode"),
+        ("[verifier]\nnetwork_mode = 'open'\n", "[verifier]", "network_mode must be one of"),
+    ],
+)
+def test_a_phase_override_of_its_own_is_refused_naming_the_fix(tmp_path, toml, where, message):
+    make_task(tmp_path, "t", toml=toml)
+    task, problems = load_task("t", tmp_path / "t", "tasks[0]", host_env={})
+    assert task is None
+    text = "\n".join(f"{p.where}: {p.message}" for p in problems)
+    assert f"task.toml {where}: " in text and message in text, text
+
+
+def test_a_steps_phase_override_is_checked_too(tmp_path):
+    task = tmp_path / "multi"
+    (task / "steps" / "one" / "tests").mkdir(parents=True)
+    (task / "steps" / "one" / "instruction.md").write_text("Do one.\n")
+    test_sh = task / "steps" / "one" / "tests" / "test.sh"
+    test_sh.write_text("echo 1 > /logs/verifier/reward.txt\n")
+    (task / "task.toml").write_text(
+        '[[steps]]\nname = "one"\n[steps.agent]\nnetwork_mode = "no-network"\n'
+    )
+    definition, problems = load_task("multi", task, "tasks[0]")
+    assert definition is None
+    text = "\n".join(f"{p.where}: {p.message}" for p in problems)
+    assert "[[steps]][0] [agent]: network_mode 'no-network' differs" in text, text
+
+
+def test_harbor_runs_phase_overrides_itself(tmp_path):
+    """`executor.kind: harbor`: Harbor runs the phases, so their networks are its to keep;
+    a local experiment over the same task is refused."""
+    (tmp_path / "tasks").mkdir()
+    make_task(tmp_path / "tasks", "t", toml='[agent]\nnetwork_mode = "no-network"\n')
+    harbor = {"kind": "harbor", "config": {"environment": {"type": "podman"}}}
+    experiment, _ = experiment_from_data(spec(tasks=[{"id": "t"}], executor=harbor))
+    assert set(load_tasks(experiment, tmp_path)) == {"t"}
+    local, _ = experiment_from_data(spec(tasks=[{"id": "t"}]))
+    with pytest.raises(TaskError, match="problem"):
+        load_tasks(local, tmp_path)

@@ -175,8 +175,10 @@ _HONOURED: dict[str, frozenset[str]] = {
         {"schema_version", "version", "source", "task", "metadata", "agent", "verifier"}
         | {"solution", "environment", "steps", "artifacts", "multi_step_reward_strategy"}
     ),
-    "agent": frozenset({"timeout_sec", "user"}),
-    "verifier": frozenset({"timeout_sec", "env", "user"}),
+    # A phase's network_mode/allowed_hosts: honoured when it is the environment's policy,
+    # refused otherwise (`_TaskToml.phase_network`).
+    "agent": frozenset({"timeout_sec", "user", "network_mode", "allowed_hosts"}),
+    "verifier": frozenset({"timeout_sec", "env", "user", "network_mode", "allowed_hosts"}),
     "solution": frozenset({"env"}),
     "environment": frozenset(
         {"build_timeout_sec", "docker_image", "os", "cpus", "memory_mb", "storage_mb", "gpus"}
@@ -185,10 +187,7 @@ _HONOURED: dict[str, frozenset[str]] = {
     ),
 }
 _NOT_HONOURED: dict[str, frozenset[str]] = {
-    "agent": frozenset({"network_mode", "allowed_hosts"}),
-    "verifier": frozenset(
-        {"network_mode", "allowed_hosts", "environment_mode", "environment", "collect"}
-    ),
+    "verifier": frozenset({"environment_mode", "environment", "collect"}),
     "environment": frozenset({"gpu_types", "tpu", "mcp_servers", "skills_dir"}),
 }
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT])i?B?\s*$", re.IGNORECASE)
@@ -357,6 +356,55 @@ class _TaskToml:
             except ValueError as exc:
                 self.problems.append(Problem(where, f"allowed_hosts[{i}]: {exc}"))
         return tuple(dict.fromkeys(found))
+
+    def phase_network(self, section: str, mode: str, hosts: tuple[str, ...]) -> None:
+        """`[agent]`/`[verifier]` network_mode and allowed_hosts, Harbor's per-phase
+        override: accepted when it is the environment's own policy (`mode`, `hosts`), a
+        problem otherwise. Every phase of an attempt here has the environment's network;
+        ignoring the override would give an agent a network its task denies it."""
+        table = self.table(section)
+        phase_mode, phase_hosts = table.get("network_mode"), table.get("allowed_hosts")
+        if phase_mode is None and phase_hosts is None:
+            return
+        where = f"{self.path} [{section}]"
+        if phase_mode is None:
+            message = "allowed_hosts is only valid with network_mode = 'allowlist'; set it"
+            self.problems.append(Problem(where, message))
+            return
+        if phase_mode not in NETWORK_MODES:
+            self.problems.append(
+                Problem(
+                    where,
+                    f"network_mode must be one of {', '.join(NETWORK_MODES)}, got {phase_mode!r}",
+                )
+            )
+            return
+        found: set[str] = set()
+        if phase_hosts is not None:
+            if phase_mode != "allowlist" or not isinstance(phase_hosts, list):
+                message = "allowed_hosts must be a list of hosts, with network_mode = 'allowlist'"
+                self.problems.append(Problem(where, message))
+                return
+            for i, host in enumerate(phase_hosts):
+                try:
+                    found.add(allowed_host_entry(host))
+                except ValueError as exc:
+                    self.problems.append(Problem(where, f"allowed_hosts[{i}]: {exc}"))
+                    return
+        if (phase_mode, found) == (mode, set(hosts)):
+            return  # the environment's own policy: nothing to switch
+        phase = "agent" if section == "agent" else "verifier"
+        own = f"{phase_mode!r}" + (f" with {sorted(found)}" if phase_mode == "allowlist" else "")
+        base = f"{mode!r}" + (f" with {sorted(hosts)}" if mode == "allowlist" else "")
+        self.problems.append(
+            Problem(
+                where,
+                f"network_mode {own} differs from [environment] network_mode {base}; "
+                f"maka-eval runs every phase of an attempt with the environment's network "
+                f"and cannot give the {phase} one of its own: set [environment] "
+                f"network_mode to what the task needs, or remove [{section}] network_mode",
+            )
+        )
 
     def string(self, section: str, name: str) -> str | None:
         value = self.table(section).get(name)
@@ -591,6 +639,7 @@ def _steps(
     toml: _TaskToml,
     task_verifier_env: Mapping[str, str],
     task_users: tuple[str | None, str | None],
+    network: tuple[str, tuple[str, ...]] | None,
 ) -> tuple[tuple[TaskStep, ...], str, list[Problem]]:
     """The `[[steps]]` of a task.toml, the reward strategy, and the problems found."""
     raw = toml.config.get("steps")
@@ -657,6 +706,9 @@ def _steps(
         agent_timeout = step.number("agent", "timeout_sec")
         verifier_timeout = step.number("verifier", "timeout_sec")
         agent_user, verifier_user = step.user("agent"), step.user("verifier")
+        for section in ("agent", "verifier"):
+            if network is not None:
+                step.phase_network(section, *network)
         min_reward = _min_reward(table.get("min_reward"), at, problems)
         healthcheck = _healthcheck(table.get("healthcheck"), at, problems)
         artifacts = _artifacts(table.get("artifacts"), at, problems)
@@ -683,7 +735,12 @@ def _steps(
 
 
 def load_task(
-    task_id: str, root: Path, where: str, host_env: Mapping[str, str] | None = None
+    task_id: str,
+    root: Path,
+    where: str,
+    host_env: Mapping[str, str] | None = None,
+    *,
+    phase_networks: bool = True,
 ) -> tuple[TaskDefinition | None, list[Problem]]:
     """Read one task directory; return it (or None) and the problems found.
 
@@ -734,6 +791,10 @@ def load_task(
         "gpus": toml.gpus(),
     }
     definition_fields["allowed_hosts"] = toml.allowed_hosts(definition_fields["network_mode"])
+    network = (definition_fields["network_mode"], definition_fields["allowed_hosts"])
+    if phase_networks:  # maka-eval runs the phases: a network of their own is refused
+        for section in ("agent", "verifier"):
+            toml.phase_network(section, *network)
     definition_fields["artifacts"] = _artifacts(
         toml.config.get("artifacts"), str(toml.path), toml.problems
     )
@@ -744,7 +805,9 @@ def load_task(
     strategy = "mean"
     if multi_step:
         users = (definition_fields["agent_user"], definition_fields["verifier_user"])
-        steps, strategy, found = _steps(root, toml, verifier_env, users)
+        steps, strategy, found = _steps(
+            root, toml, verifier_env, users, network if phase_networks else None
+        )
         problems += found
         if steps:
             instruction = steps[0].instruction_file
@@ -849,7 +912,9 @@ def load_tasks(
             )
             continue
         seen[real] = index
-        definition, found = load_task(task.id, real, where)
+        # Harbor itself runs the tasks of `executor.kind: harbor`, per-phase networks too.
+        phase_networks = experiment.spec.executor.kind != "harbor"
+        definition, found = load_task(task.id, real, where, phase_networks=phase_networks)
         problems += found
         if definition is not None:
             tasks[task.id] = definition
