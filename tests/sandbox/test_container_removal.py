@@ -105,7 +105,7 @@ def test_on_the_engine_the_processes_are_frozen_until_the_container_is_gone(cont
         assert state["Paused"] or state["Status"] in ("paused", "removing", "exited")
     removals.drain()
     # Gone: a 404, or Podman 4.3's 500 "no such container" right after a removal.
-    with pytest.raises(docker.errors.APIError, match="(?i)no such container|not found"):
+    with pytest.raises(docker.errors.APIError, match=r"(?i)no such container|not found"):
         client.api.inspect_container(container_id)
 
 
