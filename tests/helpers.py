@@ -24,6 +24,34 @@ def write_script(path: Path, text: str) -> Path:
     return path
 
 
+def loaded_task(root: Path, toml: str, **task: Any) -> tuple[Any, list[Any]]:
+    """`make_task(root, "t", toml=toml, ...)`, then `load_task` of it with no host
+    environment: (the definition or None, the problems)."""
+    from maka_eval.spec.task_directory import load_task
+
+    make_task(root, "t", toml=toml, **task)
+    return load_task("t", root / "t", "tasks[0]", host_env={})
+
+
+def sandbox_layout(root: Path) -> Any:
+    """A process or container sandbox's Layout over fresh folders under `root`."""
+    from maka_eval.sandbox.base import Layout
+
+    for name in ("ws", "home", "tmp", "agent", "tests", "logs"):
+        (root / name).mkdir(parents=True)
+    (root / "instruction.md").write_text("x")
+    return Layout(
+        workspace=str(root / "ws"),
+        home=str(root / "home"),
+        tmp=str(root / "tmp"),
+        frame_dir=None,
+        instruction=str(root / "instruction.md"),
+        agent_logs=str(root / "agent"),
+        tests=str(root / "tests"),
+        verifier_logs=str(root / "logs"),
+    )
+
+
 def make_task(
     root: Path,
     task_id: str,

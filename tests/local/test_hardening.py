@@ -254,15 +254,7 @@ def test_a_full_work_disk_stops_the_run_without_charging_anyone(setup, small_dis
     assert all(r.status is S.CANCELLED for r in every), [(r.cell_id, r.status) for r in every]
     assert all(r.trigger is Trigger.SCHEDULED for r in every)  # no retry was spent
     # With room again, the same command resumes and every cell gets its result.
-    bigger = {
-        "id": "filler",
-        "kind": "external",
-        "config": {
-            "command": "sh",
-            "args": ["-c", "head -c 1000000 /dev/zero > big; touch done.txt"],
-        },
-    }
-    del bigger  # the spec is frozen: free the space instead of changing the agent
+    # The spec is frozen: free the space instead of changing the agent.
     subprocess.run(["mount", "-o", "remount,size=256m", str(small_disk)], check=True)
     s.run(host_env={"PATH": "/usr/bin:/bin", "MAKA_EVAL_WORK_DIR": str(small_disk)})
     contents = read_run(s.run_dir)

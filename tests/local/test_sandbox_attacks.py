@@ -15,7 +15,7 @@ import pytest
 from maka_eval.engine.status import AttemptStatus
 from maka_eval.sandbox.process import namespaces_unavailable
 from maka_eval.store.run_store import artifact_path, read_run
-from tests.helpers import PLAIN_PROCESSES, REWARD_IF_DONE, files_containing, spec
+from tests.helpers import PLAIN_PROCESSES, REWARD_IF_DONE, files_containing, sandbox_layout, spec
 
 S = AttemptStatus
 SECRET_A = "sk-alpha-0123456789abcdef"
@@ -228,29 +228,13 @@ def test_no_sandbox_outlives_its_attempt(tmp_path):
     import time
 
     from maka_eval.relay.processes import CancelToken, ProcessSupervisor
-    from maka_eval.sandbox.base import Layout, Phase
+    from maka_eval.sandbox.base import Phase
     from maka_eval.sandbox.process import Namespaces
 
     supervisor = ProcessSupervisor()
     for i in range(30):
         root = tmp_path / str(i)
-        for name in ("ws", "home", "tmp", "agent", "tests", "logs"):
-            (root / name).mkdir(parents=True)
-        (root / "instruction.md").write_text("x")
-        sandbox = Namespaces(
-            supervisor,
-            f"a{i}",
-            Layout(
-                workspace=str(root / "ws"),
-                home=str(root / "home"),
-                tmp=str(root / "tmp"),
-                frame_dir=None,
-                instruction=str(root / "instruction.md"),
-                agent_logs=str(root / "agent"),
-                tests=str(root / "tests"),
-                verifier_logs=str(root / "logs"),
-            ),
-        )
+        sandbox = Namespaces(supervisor, f"a{i}", sandbox_layout(root))
         sandbox.start()
         if i % 2:
             proc = sandbox.spawn(

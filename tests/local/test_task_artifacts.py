@@ -12,9 +12,9 @@ import pytest
 
 from maka_eval.engine.status import AttemptStatus
 from maka_eval.sandbox.process import namespaces_unavailable
-from maka_eval.spec.task_directory import TaskArtifact, load_task
+from maka_eval.spec.task_directory import TaskArtifact
 from maka_eval.store.run_store import artifact_path, read_run
-from tests.helpers import REWARD_ONE, make_task, spec
+from tests.helpers import REWARD_ONE, loaded_task, spec
 
 S = AttemptStatus
 MAKER = r"""
@@ -102,15 +102,13 @@ def test_without_isolation_artifacts_come_from_the_workdir(setup):
 
 
 def test_bad_artifact_entries_are_named_with_the_fix(tmp_path):
-    make_task(
+    task, problems = loaded_task(
         tmp_path,
-        "t",
-        toml=(
+        (
             'artifacts = ["ok", { source = "../up" }, { source = "x", destination = "/abs" }, '
             '{ source = "y", service = "db" }, { source = "z", exclude = "*.tmp" }, 7]\n'
         ),
     )
-    task, problems = load_task("t", tmp_path / "t", "tasks[0]", host_env={})
     text = "\n".join(map(str, problems))
     assert task is None
     assert "artifacts[1]: source must not contain '..'" in text
@@ -121,15 +119,13 @@ def test_bad_artifact_entries_are_named_with_the_fix(tmp_path):
 
 
 def test_artifacts_are_read_as_harbor_gives_them(tmp_path):
-    make_task(
+    task, problems = loaded_task(
         tmp_path,
-        "t",
-        toml=(
+        (
             'artifacts = ["/app/out", { source = "log.txt", destination = "logs/log.txt", '
             'exclude = ["*.pyc"], service = "main" }]\n'
         ),
     )
-    task, problems = load_task("t", tmp_path / "t", "tasks[0]", host_env={})
     assert not problems and task is not None, problems
     assert task.artifacts == (
         TaskArtifact("/app/out"),

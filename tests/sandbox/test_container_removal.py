@@ -15,6 +15,7 @@ import docker.errors
 import pytest
 
 from maka_eval.sandbox import container as container_backend
+from tests.helpers import sandbox_layout
 from tests.sandbox.conftest import BASE_IMAGE
 
 
@@ -143,22 +144,8 @@ def test_an_image_is_inspected_once_per_run(monkeypatch):
 def _sandbox(tmp_path, engine, image, number):
     from maka_eval.relay.plan import ContainerPlan
     from maka_eval.relay.processes import ProcessSupervisor
-    from maka_eval.sandbox.base import Layout
 
-    root = tmp_path / f"attempt-{number}"
-    for name in ("ws", "home", "tmp", "agent", "tests", "logs"):
-        (root / name).mkdir(parents=True)
-    (root / "instruction.md").write_text("x")
-    layout = Layout(
-        workspace=str(root / "ws"),
-        home=str(root / "home"),
-        tmp=str(root / "tmp"),
-        frame_dir=None,
-        instruction=str(root / "instruction.md"),
-        agent_logs=str(root / "agent"),
-        tests=str(root / "tests"),
-        verifier_logs=str(root / "logs"),
-    )
+    layout = sandbox_layout(tmp_path / f"attempt-{number}")
     return container_backend.ContainerSandbox(
         ProcessSupervisor(),
         f"pinning-test-{number}",

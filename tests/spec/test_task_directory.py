@@ -11,7 +11,7 @@ import pytest
 from maka_eval.errors import TaskError
 from maka_eval.spec.load import experiment_from_data
 from maka_eval.spec.task_directory import Healthcheck, directory_digest, load_task, load_tasks
-from tests.helpers import make_task, spec
+from tests.helpers import loaded_task, make_task, spec
 
 
 def test_a_task_directory_is_read(tmp_path):
@@ -252,8 +252,7 @@ def test_every_field_the_container_backend_needs_is_read(tmp_path):
 
 
 def test_a_missing_template_variable_names_it_and_the_file(tmp_path):
-    make_task(tmp_path, "t", toml='[environment.env]\nKEY = "${NOT_SET_ANYWHERE}"\n')
-    task, problems = load_task("t", tmp_path / "t", "tasks[0]", host_env={})
+    task, problems = loaded_task(tmp_path, '[environment.env]\nKEY = "${NOT_SET_ANYWHERE}"\n')
     assert task is None and len(problems) == 1
     text = str(problems[0])
     assert "NOT_SET_ANYWHERE" in text and str(tmp_path / "t" / "task.toml") in text
@@ -261,10 +260,9 @@ def test_a_missing_template_variable_names_it_and_the_file(tmp_path):
 
 
 def test_unknown_and_unhonoured_fields_are_warnings_naming_the_file(tmp_path):
-    make_task(
+    task, problems = loaded_task(
         tmp_path,
-        "t",
-        toml=(
+        (
             'schema_version = "1.1"\ncolour = "blue"\n'
             '[task]\nname = "org/t"\n[metadata]\nanything = 1\n'
             "[agent]\ntimeout = 5\n"
@@ -272,7 +270,6 @@ def test_unknown_and_unhonoured_fields_are_warnings_naming_the_file(tmp_path):
             '[environment]\nskills_dir = "skills"\nmcp_servers = []\n'
         ),
     )
-    task, problems = load_task("t", tmp_path / "t", "tasks[0]", host_env={})
     assert not problems and task is not None
     toml = str(tmp_path / "t" / "task.toml")
     assert all(w.startswith(toml + ": ") for w in task.warnings)
@@ -329,36 +326,31 @@ def test_unknown_and_unhonoured_fields_are_warnings_naming_the_file(tmp_path):
     ],
 )
 def test_bad_harbor_values_are_problems(tmp_path, toml, message):
-    make_task(tmp_path, "t", toml=toml)
-    task, problems = load_task("t", tmp_path / "t", "tasks[0]", host_env={})
+    task, problems = loaded_task(tmp_path, toml)
     assert task is None and message in "\n".join(map(str, problems))
 
 
 def test_an_allowlist_is_read_in_harbors_normal_form(tmp_path):
-    make_task(
+    task, problems = loaded_task(
         tmp_path,
-        "t",
-        toml=(
+        (
             '[environment]\nnetwork_mode = "allowlist"\n'
             'allowed_hosts = ["PyPI.org.", "*.Example.com", "10.0.0.0/8", "::1", "pypi.org"]\n'
         ),
     )
-    task, problems = load_task("t", tmp_path / "t", "tasks[0]", host_env={})
     assert not problems and task is not None, problems
     assert task.network_mode == "allowlist" and not task.warnings
     assert task.allowed_hosts == ("pypi.org", "*.example.com", "10.0.0.0/8", "::1")
 
 
 def test_healthchecks_are_read_with_harbors_defaults(tmp_path):
-    make_task(
+    task, problems = loaded_task(
         tmp_path,
-        "t",
-        toml=(
+        (
             "[environment.healthcheck]\n"
             'command = "curl -sf localhost:8080"\nstart_period_sec = 2\nretries = 0\n'
         ),
     )
-    task, problems = load_task("t", tmp_path / "t", "tasks[0]", host_env={})
     assert not problems and task is not None, problems
     assert task.healthcheck == Healthcheck(
         "curl -sf localhost:8080",
@@ -385,8 +377,7 @@ def test_healthchecks_are_read_with_harbors_defaults(tmp_path):
     ],
 )
 def test_a_phase_override_that_is_the_environments_policy_is_accepted(tmp_path, toml):
-    make_task(tmp_path, "t", toml=toml)
-    task, problems = load_task("t", tmp_path / "t", "tasks[0]", host_env={})
+    task, problems = loaded_task(tmp_path, toml)
     assert not problems and task is not None, problems
     assert task.warnings == ()
 
@@ -418,8 +409,7 @@ def test_a_phase_override_that_is_the_environments_policy_is_accepted(tmp_path, 
     ],
 )
 def test_a_phase_override_of_its_own_is_refused_naming_the_fix(tmp_path, toml, where, message):
-    make_task(tmp_path, "t", toml=toml)
-    task, problems = load_task("t", tmp_path / "t", "tasks[0]", host_env={})
+    task, problems = loaded_task(tmp_path, toml)
     assert task is None
     text = "\n".join(f"{p.where}: {p.message}" for p in problems)
     assert f"task.toml {where}: " in text and message in text, text
