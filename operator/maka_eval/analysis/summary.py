@@ -219,8 +219,8 @@ def _cell_row(
 ) -> CellRow:
     """CellRow(...) for one cell, at a fraction of the constructor's cost (a report
     builds one per cell): every field is set, in field order, as the constructor would
-    (so the instance's dict shares its keys with every other row's, as with
-    `contract.fields.assembled`, without building a dict of the values first)."""
+    (so the instance's dict shares its keys with every other row's, as
+    `contract.record.plain_record` makes records)."""
     row = object.__new__(CellRow)
     own = row.__dict__
     own["cell_id"] = cell.id

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any
 
 from maka_eval import strict_json
 
@@ -23,25 +23,6 @@ def load_bounded(data: str | bytes, limit: int, what: str) -> Any:
         return strict_json.loads(raw)
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise ContractError(f"{what} is not JSON: {str(exc)[:200]}") from None
-
-
-T = TypeVar("T")
-
-
-def assembled(cls: type[T], values: dict[str, Any]) -> T:
-    """An instance of the frozen dataclass `cls` holding `values` (every field), made
-    without its __init__, which costs several µs a call (a report makes 100,000s). For
-    the fast record readers, which check what __post_init__ would (a test compares
-    their results, field by field, with the constructed ones), and for classes without
-    a __post_init__ (a summary's per-cell rows)."""
-    instance = object.__new__(cls)
-    # Key by key, in field order: the instance's dict then shares its keys with every
-    # other instance's, as the constructor's does (a copied dict would not: 60% more
-    # memory for 100,000 records).
-    own = instance.__dict__
-    for name, value in values.items():
-        own[name] = value
-    return instance
 
 
 class Fields:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from math import isfinite
 from typing import Any, TypeVar
 
-from maka_eval.contract.fields import ContractError, Fields, assembled, finite, load_bounded
+from maka_eval.contract.fields import ContractError, Fields, finite, load_bounded
 from maka_eval.engine.status import AttemptStatus, StatusSource
 from maka_eval.engine.usage import MAX_TOKENS, USAGE_FIELDS, Usage, UsageError
 
@@ -236,18 +236,23 @@ def plain_kernel(obj: dict[str, Any]) -> ResultKernel | None:
 
     A store reads 100,000 kernels at a time, nearly all of them such. It accepts only
     what `ResultKernel.from_fields` accepts, as the same kernel (a test holds them to
-    it); what it declines, `from_fields` reads or refuses, naming the field."""
-    if not _KERNEL_KEYS.issuperset(obj) or obj.get("format") != KERNEL_FORMAT:
+    it); what it declines, `from_fields` reads or refuses, naming the field. Written
+    flat (one lookup per key, the instance's fields set one by one, no helper calls on
+    the common path): this is half of what reading a record costs."""
+    if not _KERNEL_KEYS.issuperset(obj):
         return None
-    status = obj.get("status")
-    source = obj.get("statusSource")
+    get = obj.get
+    if get("format") != KERNEL_FORMAT:
+        return None
+    status = get("status")
+    source = get("statusSource")
     if type(status) is not str or type(source) is not str:
         return None
     status = _STATUSES.get(status)
     source = _SOURCES.get(source)
-    score = obj.get("score")
-    cost = obj.get("costUsd")
-    duration = obj.get("durationSec")
+    score = get("score")
+    cost = get("costUsd")
+    duration = get("durationSec")
     if (
         status is None
         or source is None
@@ -258,18 +263,18 @@ def plain_kernel(obj: dict[str, Any]) -> ResultKernel | None:
         or not duration >= 0
     ):
         return None
-    usage = obj.get("usage")
+    usage = get("usage")
     if usage is not None:
-        usage = _plain_usage(usage) if type(usage) is dict else None
+        usage = _plain_usage(usage)
         if usage is None:
             return None
-    artifacts = obj.get("artifacts")
-    metrics = obj.get("metrics")
-    reason = obj.get("reason")
-    exit_code = obj.get("exitCode")
-    omitted = obj.get("artifactsOmitted")
-    isolation = obj.get("isolation")
-    notes = obj.get("notes") or ()
+    artifacts = get("artifacts")
+    metrics = get("metrics")
+    reason = get("reason")
+    exit_code = get("exitCode")
+    omitted = get("artifactsOmitted")
+    isolation = get("isolation")
+    notes = get("notes") or ()
     if (
         type(artifacts) is not list
         or not (reason is None or (type(reason) is str and len(reason) <= REASON_LIMIT))
@@ -278,11 +283,11 @@ def plain_kernel(obj: dict[str, Any]) -> ResultKernel | None:
         or not (isolation is None or (type(isolation) is str and len(isolation) <= 32))
     ):
         return None
-    if metrics is None or (type(metrics) is dict and not metrics):
+    if not metrics:  # None or an empty object; any other falsy value is refused
+        if metrics is not None and type(metrics) is not dict:
+            return None
         metrics = {}
-    elif type(metrics) is dict and all(
-        type(k) is str and type(v) is float and isfinite(v) for k, v in metrics.items()
-    ):
+    elif type(metrics) is dict and plain_floats(metrics):
         metrics = dict(metrics)
     else:
         return None
@@ -296,24 +301,22 @@ def plain_kernel(obj: dict[str, Any]) -> ResultKernel | None:
             if artifacts
             else ()
         )
-        kernel = assembled(
-            ResultKernel,
-            {
-                "status": status,
-                "score": score,
-                "usage": usage,
-                "cost_usd": cost,
-                "duration_sec": duration or 0.0,
-                "artifacts": entries,
-                "status_source": source,
-                "reason": reason,
-                "exit_code": exit_code,
-                "metrics": metrics,
-                "artifacts_omitted": omitted or 0,
-                "isolation": isolation,
-                "notes": notes,
-            },
-        )
+        # Made as `plain_record` makes a record: no __init__, every field in order.
+        kernel = _new(ResultKernel)
+        own = kernel.__dict__
+        own["status"] = status
+        own["score"] = score
+        own["usage"] = usage
+        own["cost_usd"] = cost
+        own["duration_sec"] = duration or 0.0
+        own["artifacts"] = entries
+        own["status_source"] = source
+        own["reason"] = reason
+        own["exit_code"] = exit_code
+        own["metrics"] = metrics
+        own["artifacts_omitted"] = omitted or 0
+        own["isolation"] = isolation
+        own["notes"] = notes
         if metrics or notes or len(entries) > 1 or isolation is not None:
             check(kernel)  # what __post_init__ checks
         elif (score is None) is status.is_result or (exit_code is None) is (
@@ -325,18 +328,29 @@ def plain_kernel(obj: dict[str, Any]) -> ResultKernel | None:
     return kernel
 
 
+def plain_floats(mapping: dict[Any, Any]) -> bool:
+    """Whether every key is a string and every value a finite float (a plain metrics or
+    timings object)."""
+    for key, value in mapping.items():
+        if type(key) is not str or type(value) is not float or not isfinite(value):
+            return False
+    return True
+
+
+_new = object.__new__
 _USAGE_KEYS = frozenset(USAGE_FIELDS) | {"totalTokens"}
 
 
-def _plain_usage(obj: dict[str, Any]) -> Usage | None:
-    """`Usage.from_json` for plain whole numbers in range; None for anything else."""
-    if not _USAGE_KEYS.issuperset(obj):
+def _plain_usage(obj: Any) -> Usage | None:
+    """`Usage.from_json` for an object of plain whole numbers in range; None for
+    anything else."""
+    if type(obj) is not dict or not _USAGE_KEYS.issuperset(obj):
         return None
-    input_tokens = obj.get("inputTokens", 0)
-    cached = obj.get("cachedInputTokens", 0)
-    cache_write = obj.get("cacheWriteTokens", 0)
-    output = obj.get("outputTokens", 0)
-    total = obj.get("totalTokens")
+    get = obj.get
+    input_tokens = get("inputTokens", 0)
+    cached = get("cachedInputTokens", 0)
+    cache_write = get("cacheWriteTokens", 0)
+    output = get("outputTokens", 0)
     if not (
         type(input_tokens) is int
         and type(cached) is int
@@ -346,21 +360,20 @@ def _plain_usage(obj: dict[str, Any]) -> Usage | None:
         and 0 <= cached <= MAX_TOKENS
         and 0 <= cache_write <= MAX_TOKENS
         and 0 <= output <= MAX_TOKENS
-        and (
-            total is None
-            or (type(total) is int and total == input_tokens + cached + cache_write + output)
-        )
     ):
         return None
-    return assembled(
-        Usage,
-        {
-            "input_tokens": input_tokens,
-            "cached_input_tokens": cached,
-            "cache_write_tokens": cache_write,
-            "output_tokens": output,
-        },
-    )
+    total = get("totalTokens")
+    if total is not None and (
+        type(total) is not int or total != input_tokens + cached + cache_write + output
+    ):
+        return None
+    usage = _new(Usage)
+    own = usage.__dict__
+    own["input_tokens"] = input_tokens
+    own["cached_input_tokens"] = cached
+    own["cache_write_tokens"] = cache_write
+    own["output_tokens"] = output
+    return usage
 
 
 def _member(members: Mapping[str, E], f: Fields, key: str) -> E:

@@ -271,7 +271,7 @@ _new = object.__new__
 
 
 def _rebuilt(cls: type[Any], names: tuple[str, ...], values: Sequence[Any]) -> Any:
-    # As `contract.fields.assembled`: no __init__ (the helper validated these values, and
+    # As `contract.record.plain_record` does: no __init__ (the helper validated these values, and
     # equal records come out), the fields set in declaration order (so that every
     # instance's dict shares its keys with the others', as the constructor's do).
     instance = _new(cls)
@@ -367,15 +367,21 @@ def _read_cell(cell: str, attempts_dir: str, run_id: str, read: CellsRead) -> No
     except (FileNotFoundError, NotADirectoryError):
         return
     numbers_with_records = set()
+    folders = []  # names that may be attempt directories
+    records = None
     for name in names:
-        if not name.endswith(".json") or name.startswith(TMP_PREFIX):
+        if not name.endswith(".json"):
+            if name.isdecimal():
+                folders.append(name)
             continue
-        number = _number(name[: -len(".json")])
-        if number is not None:  # a record, damaged or not, is not an interrupted attempt
-            numbers_with_records.add(number)
+        if name.startswith(TMP_PREFIX):
+            continue
+        stem = name[:-5]
+        if stem.isdecimal():  # a record, damaged or not, is not an interrupted attempt
+            numbers_with_records.add(int(stem))
         path = f"{attempts_dir}/{name}"
         try:
-            record = AttemptRecord.from_json(_read_record(path))
+            record = _from_json(_read_record(path))
         except (ContractError, OSError) as exc:
             read.damaged.append(Problem(path, f"not a valid attempt record: {str(exc)[:200]}"))
             continue
@@ -391,15 +397,15 @@ def _read_cell(cell: str, attempts_dir: str, run_id: str, read: CellsRead) -> No
         if record.run_id != run_id:
             read.damaged.append(Problem(path, "belongs to a different run"))
             continue
-        read.records.setdefault(cell, []).append(record)
-    for name in names:
-        number = _number(name)
-        if (
-            number is not None
-            and number not in numbers_with_records
-            and os.path.isdir(f"{attempts_dir}/{name}")
-        ):
-            read.interrupted.setdefault(cell, []).append(number)
+        if records is None:
+            records = read.records.setdefault(cell, [])
+        records.append(record)
+    for name in folders:
+        if int(name) not in numbers_with_records and os.path.isdir(f"{attempts_dir}/{name}"):
+            read.interrupted.setdefault(cell, []).append(int(name))
+
+
+_from_json = AttemptRecord.from_json
 
 
 def _read_record(path: str) -> bytes:
