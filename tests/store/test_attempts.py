@@ -132,6 +132,29 @@ def test_a_fast_reader_leaves_the_late_helper_little_or_nothing(tmp_path, monkey
     assert shared.records == alone.records and shared.damaged == alone.damaged
 
 
+def test_after_handing_over_this_process_still_reads_while_tasks_are_left(
+    tmp_path, monkeypatch
+):
+    """Once this process hands the tasks between them to the helper and decodes what
+    it sent, it goes on reading while the helper has not reached a task: a misjudged
+    pace (here: a helper far slower than judged) never leaves it waiting idle."""
+    run = _run(tmp_path)
+    alone = read_run(run)
+    helpers = _force_helper(monkeypatch)
+    monkeypatch.setattr(attempts._Helper, "should_take_over", lambda self, *args: True)
+    monkeypatch.setattr(
+        attempts,
+        "_HELPER_MAIN",
+        "import time; from maka_eval.store import attempts as a; read = a._read_tasks; "
+        "a._read_tasks = lambda *args: (time.sleep(0.5), read(*args))[1]; a.serve_helper()",
+    )
+    shared = read_run(run)
+    assert len(helpers) == 1 and len(helpers[0].pieces) <= 1  # not the five left to it
+    assert list(shared.records) == list(alone.records)
+    assert shared.records == alone.records and shared.damaged == alone.damaged
+    assert shared.interrupted == alone.interrupted
+
+
 @pytest.mark.parametrize(
     "helper_main",
     [

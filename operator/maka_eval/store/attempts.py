@@ -125,14 +125,20 @@ def _shared_read(cells_root: str, tasks: Sequence[str], run_id: str) -> CellsRea
     pieces: dict[int, CellsRead] = {}
     with _helper(cells_root, tasks, run_id) as helper:
         reading = 0.0  # seconds this process spent reading tasks
+        decoding = False  # whether this process decodes the helper's tasks as they come
         for index, task in enumerate(tasks):
             if helper is not None:
                 helper.take_frames()
+                if not decoding and pieces:
+                    decoding = helper.should_take_over(
+                        helper.lowest_started - index, reading / len(pieces)
+                    )
+                if decoding:
+                    # Decode what has come, then read on while tasks are left: had the
+                    # helper's pace been misjudged, this process would wait idle.
+                    helper.decode_frames()
+                    helper.take_frames()
                 if index >= helper.lowest_started:
-                    break
-                if pieces and helper.should_take_over(
-                    helper.lowest_started - index, reading / len(pieces)
-                ):
                     break
                 helper.tell_started(index)
             if helper is None or index not in helper.pieces:  # (the helper failed)
@@ -435,8 +441,11 @@ class _Helper:
     Frames are taken as they come but decoded late: records rebuilt between this
     process's own would scatter both over the heap, and every later phase of a report
     then runs 30% slower (measured). So this process reads until the decoding it owes
-    would take as long as the helper needs for the tasks left between them, then leaves
-    those to the helper and decodes meanwhile (`should_take_over`, `finish`)."""
+    would take as long as the helper needs for the tasks left between them
+    (`should_take_over`), then decodes it, and from then on decodes each task the helper
+    sends before reading another, until the two meet: it never waits while tasks are
+    left (stopping its reads there, it waited up to a second whenever the helper's pace
+    was misjudged; the records decoded in between are a few tasks' worth)."""
 
     def __init__(self, process: subprocess.Popen[bytes], task_count: int) -> None:
         self.process = process
@@ -507,7 +516,7 @@ class _Helper:
         with contextlib.suppress(OSError):
             self.process.stdin.close()  # type: ignore[union-attr]  # no more numbers
         while True:
-            self._decode_frames()
+            self.decode_frames()
             if self._ended:
                 return
             self.take_frames(wait=True)
@@ -537,7 +546,7 @@ class _Helper:
                     self._undecoded_bytes += len(body)
                     if self._seconds_per_byte is None:  # the first: decoded now, timed
                         started = time.perf_counter()
-                        self._decode_frames()
+                        self.decode_frames()
                         elapsed = time.perf_counter() - started
                         self._seconds_per_byte = elapsed / max(len(body), 1)
                 else:
@@ -547,7 +556,8 @@ class _Helper:
             return
         del buffer[:at]
 
-    def _decode_frames(self) -> None:
+    def decode_frames(self) -> None:
+        """Decode the tasks taken so far."""
         frames, self._frames, self._undecoded_bytes = self._frames, [], 0
         for index, data in frames:
             try:
