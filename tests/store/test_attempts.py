@@ -132,9 +132,7 @@ def test_a_fast_reader_leaves_the_late_helper_little_or_nothing(tmp_path, monkey
     assert shared.records == alone.records and shared.damaged == alone.damaged
 
 
-def test_after_handing_over_this_process_still_reads_while_tasks_are_left(
-    tmp_path, monkeypatch
-):
+def test_after_handing_over_this_process_still_reads_while_tasks_are_left(tmp_path, monkeypatch):
     """Once this process hands the tasks between them to the helper and decodes what
     it sent, it goes on reading while the helper has not reached a task: a misjudged
     pace (here: a helper far slower than judged) never leaves it waiting idle."""
