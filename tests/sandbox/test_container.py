@@ -371,6 +371,63 @@ def test_a_timed_out_subject_is_quiesced_and_still_verified(container_engine, tm
     assert record.result.score == 1.0, record.result
 
 
+ENTRYPOINT_DOCKERFILE = """FROM debian:bookworm-slim
+COPY entry.sh /entry.sh
+RUN chmod 755 /entry.sh
+ENTRYPOINT ["/entry.sh"]
+"""
+
+
+def test_the_images_entrypoint_starts_its_services_as_in_harbor(container_engine, tmp_path):
+    """The image's ENTRYPOINT runs, given Harbor's command; what it started before the
+    subject survives the subject's timeout (quiescing kills only what came after)."""
+    stuck = sh("stuck", "echo 42 > answer.txt; sleep 1000 & sleep 1001")
+    bench = Bench(tmp_path, container_engine, [stuck, NOP])
+    bench.task(
+        "service",
+        "[agent]\ntimeout_sec = 2\n",
+        "#!/bin/sh\n"
+        "service=$(cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' ' ' | grep -c 'sleep 77[7]')\n"
+        "left=$(cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' ' ' | grep -c 'sleep 10[0]')\n"
+        "args=$(cat /entry-args)\n"
+        '[ "$service" = 1 ] && [ "$left" = 0 ] && [ "$args" = "sh -c sleep infinity" ] '
+        "&& r=1 || r=0\n"
+        "echo $r > /logs/verifier/reward.txt\n",
+        files={
+            "Dockerfile": ENTRYPOINT_DOCKERFILE,
+            # A service in the background, then the command, as entrypoints do.
+            "entry.sh": '#!/bin/sh\necho "$*" > /entry-args\nsleep 777 &\nexec "$@"\n',
+        },
+    )
+    _, run_dir = bench.run()
+    found = records(run_dir)
+    assert found["service::1::stuck"].status is S.SUBJECT_FAILED  # timed out
+    assert found["service::1::stuck"].result.score == 1.0, found["service::1::stuck"].result
+    assert found["service::1::nop"].result.score == 1.0, found["service::1::nop"].result
+    assert not any("ENTRYPOINT" in n for n in found["service::1::nop"].result.notes)
+    no_containers_left(container_engine)
+
+
+def test_an_entrypoint_that_ends_at_once_is_left_out_and_noted(container_engine, tmp_path):
+    bench = Bench(tmp_path, container_engine, [NOP])
+    bench.task(
+        "ends",
+        "",
+        "#!/bin/sh\necho 1 > /logs/verifier/reward.txt\n",
+        files={
+            "Dockerfile": ENTRYPOINT_DOCKERFILE,
+            "entry.sh": "#!/bin/sh\necho not running my arguments\nexit 3\n",
+        },
+    )
+    _, run_dir = bench.run()
+    record = records(run_dir)["ends::1::nop"]
+    assert record.result.score == 1.0, record.result
+    (note,) = [n for n in record.result.notes if "ENTRYPOINT" in n]
+    assert "exit status 3" in note and "not running my arguments" in note, note
+    assert "ran without it" in note
+    no_containers_left(container_engine)
+
+
 def test_containers_left_by_a_writer_that_died_are_removed(container_engine, tmp_path):
     bench = Bench(tmp_path, container_engine, [NOP])
     bench.add(FIXTURES / "plain-image")

@@ -4,8 +4,9 @@ Harbor's way, on Docker or on Podman's compatible socket:
 
 - `start` resolves the image (task.toml's `docker_image`, pulled when missing; or built
   from environment/Dockerfile under `maka-eval-task/<task>:<environment digest>` and
-  reused while that folder is unchanged), creates a container that only sleeps (PID 1),
-  with the task's resources, network mode, env and workdir, and uploads what the subject
+  reused while that folder is unchanged), creates a container that only sleeps (PID 1;
+  or, as Harbor, runs the image's ENTRYPOINT given `sh -c "sleep infinity"`), with the
+  task's resources, network mode, env and workdir, and uploads what the subject
   may see: the workspace into the workdir, the instruction, `/logs/agent`.
 - `upload` and `download` copy files in and out through the engine's archive API (a
   multi-step task's workdir files in, `/logs/agent` out); `next_step` readies the
@@ -14,7 +15,8 @@ Harbor's way, on Docker or on Podman's compatible socket:
   that is the exec for the relay: its output, its exit code, killing it. `/solution`
   (the oracle) and the subject's own program (a path in the spec: /maka/bin/) are
   uploaded right before the subject; `/tests` only when the verifier is due.
-- Quiescing the subject kills the helper and every process in the container but PID 1.
+- Quiescing the subject kills the helper and every process in the container but PID 1
+  and what started before the verifier's holder (the entrypoint's services).
   When the subject exits on its own, what it left running stays up (a server the
   verifier queries) until `stop`. `stop` freezes every process of the container at once
   (the engine's pause: the cgroup freezer, about 12 ms here) and removes it in the
@@ -573,18 +575,26 @@ fi
 tar -xf "$d/tests.tar" -C /tests && rm -f "$d/tests.tar" || echo "fail cannot unpack the tests"
 """
 
-# Everything but PID 1, this script and the holder: frozen first (nothing forks away
-# while the list is walked), then killed.
+# Everything but PID 1, this script, the holder and what the image's ENTRYPOINT started
+# before it (its services: a lower pid than the holder's, which is made before anything
+# the subject runs; pids only grow in a new namespace): frozen first (nothing forks away
+# while the list is walked), then killed; what is spared runs on.
 QUIESCE = r"""
 h=$1
 kill -STOP -1 2>/dev/null
 for p in /proc/[0-9]*; do
   p=${p#/proc/}
-  [ "$p" = $$ ] || [ "$p" = 1 ] || [ "$p" = "$h" ] || kill -KILL "$p" 2>/dev/null
+  [ "$p" = $$ ] || [ "$p" = 1 ] || { [ -n "$h" ] && [ "$p" -le "$h" ]; } \
+    || kill -KILL "$p" 2>/dev/null
 done
-[ -z "$h" ] || kill -CONT "$h" 2>/dev/null
+for p in /proc/[0-9]*; do
+  p=${p#/proc/}
+  [ "$p" = $$ ] || kill -CONT "$p" 2>/dev/null
+done
 true
 """
+HARBOR_COMMAND = ("sh", "-c", "sleep infinity")
+"""The command Harbor gives a task container whose image has an ENTRYPOINT."""
 
 
 # -- the sandbox --------------------------------------------------------------------------
@@ -709,6 +719,12 @@ class ContainerSandbox:
             if net.ca_cert is not None:
                 volumes[net.ca_cert] = {"bind": CA_CERT_PATH, "mode": "ro"}
             kwargs["volumes"] = volumes
+        if config.get("Entrypoint"):
+            # As Harbor: the image's ENTRYPOINT runs, given `sh -c "sleep infinity"` (an
+            # entrypoint that starts services and then execs its arguments starts them
+            # here too; quiescing spares what it started, see QUIESCE).
+            del kwargs["entrypoint"]
+            kwargs["command"] = list(HARBOR_COMMAND)
         if plan.cpus:
             kwargs["nano_cpus"] = int(plan.cpus * 1e9)
         if plan.memory_mb:
@@ -738,8 +754,52 @@ class ContainerSandbox:
             client.api.start(self.container_id)
         except docker.errors.APIError as exc:
             raise OSError(f"cannot start the container: {_api_message(exc)}") from None
-        uploaded = self._upload_workspace()
-        self._start_holder(uploaded)
+        if "entrypoint" in kwargs:  # PID 1 sleeps
+            self._start_holder(self._upload_workspace())
+            return
+        with contextlib.suppress(OSError):  # an entrypoint that ended: see below
+            self._start_holder(self._upload_workspace())
+        # Asked once the holder is up: whether the container ended before, while or
+        # after the holder started, it is seen here.
+        try:
+            state = client.api.inspect_container(self.container_id).get("State") or {}
+        except docker.errors.APIError as exc:
+            raise OSError(f"cannot inspect the container: {_api_message(exc)}") from None
+        if not state.get("Running", True):
+            self._without_entrypoint(client, image, kwargs, state)
+            self._start_holder(self._upload_workspace())
+
+    def _without_entrypoint(
+        self,
+        client: Any,
+        image: Mapping[str, Any],
+        kwargs: dict[str, Any],
+        state: Mapping[str, Any],
+    ) -> None:
+        """The container again, PID 1 sleeping, in place of one whose image's ENTRYPOINT
+        ended (it does not run its arguments, or failed); the record says so. The task
+        still runs, as it would have before entrypoints were kept."""
+        import docker.errors
+
+        assert self.container_id is not None
+        logs = b""
+        with contextlib.suppress(docker.errors.APIError):
+            logs = client.api.logs(self.container_id, tail=3) or b""
+        _remove_now(client, self.container_id)
+        output = " ".join(logs.decode(errors="replace").split())[:200]
+        self.notes.append(
+            f"the image's ENTRYPOINT ended at once (exit status {state.get('ExitCode')}) "
+            f'when given Harbor\'s command `sh -c "sleep infinity"`'
+            f"{': ' + output if output else ''}; the container ran without it"
+        )
+        self._holder = None
+        kwargs["entrypoint"] = ["sleep"]
+        kwargs["command"] = ["infinity"]
+        self.container_id = _create(client, str(image.get("Id") or self.plan.image), kwargs)
+        try:
+            client.api.start(self.container_id)
+        except docker.errors.APIError as exc:
+            raise OSError(f"cannot start the container: {_api_message(exc)}") from None
 
     def _upload_workspace(self) -> list[str]:
         """The instruction, Harbor's log folders and the workspace; the paths put into
