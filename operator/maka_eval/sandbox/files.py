@@ -116,7 +116,7 @@ def _copy_out(dir_fd: int, target: Path, budget: int) -> int:
                 os.close(child)
         elif stat.S_ISREG(info.st_mode) and copied + info.st_size <= budget:
             try:
-                fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+                fd = _open_file(name, dir_fd)
             except OSError:
                 continue
             target.mkdir(parents=True, exist_ok=True)
@@ -127,12 +127,29 @@ def _copy_out(dir_fd: int, target: Path, budget: int) -> int:
     return copied
 
 
+_FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+
+
+def _open_file(name: str, dir_fd: int) -> int:
+    """A regular file, opened for reading. Checked on the open file, not only before:
+    a process the subject left may swap it for a FIFO (whose open would wait forever
+    for a writer; O_NONBLOCK returns at once) or a device between the look and the
+    open."""
+    fd = os.open(name, _FILE_FLAGS, dir_fd=dir_fd)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, f"{name} is no longer a regular file")
+    return fd
+
+
 def copy_path_out(root: str, relative: str, target: Path, max_bytes: int) -> str | None:
     """What is at `relative` under the host folder `root` -- a regular file, or a
     folder's regular files (at most `max_bytes` in all) -- to the new host path `target`,
     every folder on the way opened without following links; why nothing was copied
     (missing, a link, not a file or folder), or None."""
     parts = [part for part in PurePosixPath(relative).parts if part not in ("/", ".")]
+    if ".." in parts:  # task.toml's are refused when read; never leave `root` anyway
+        return "it names '..' (a path may not leave its folder)"
     try:
         fd = _open_folder(root)
     except OSError as exc:
@@ -158,7 +175,7 @@ def copy_path_out(root: str, relative: str, target: Path, max_bytes: int) -> str
             return "it is a link or a special file (links are never followed)"
         if info.st_size > max_bytes:
             return f"it holds {info.st_size} bytes, more than the {max_bytes} allowed"
-        source = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+        source = _open_file(parts[-1], fd)
         target.parent.mkdir(parents=True, exist_ok=True)
         with os.fdopen(source, "rb") as handle, target.open("xb") as sink:
             sink.write(handle.read(max_bytes))
