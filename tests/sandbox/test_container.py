@@ -114,8 +114,13 @@ def stdout_of(run_dir: Path, record: Any) -> str:
     return artifact_path(run_dir, record, "subject.stdout").read_text()
 
 
-def no_containers_left(engine: str) -> None:
-    assert container_backend.leftover_containers(engine) == []
+def no_containers_left(engine: str, run_dir: Path) -> None:
+    """None of this run's containers is left (other test sessions may be running theirs:
+    only this run's are looked for)."""
+    run_ids = {r.run_id for attempts in read_run(run_dir).records.values() for r in attempts}
+    assert run_ids
+    for run_id in run_ids:
+        assert container_backend.leftover_containers(engine, run_id) == []
 
 
 # -- Harbor tasks end to end --------------------------------------------------------------
@@ -140,7 +145,7 @@ def test_every_fixture_oracle_scores_1_and_nop_scores_0(container_engine, tmp_pa
     assert any(
         "storage_mb=1024 was not enforced" in n for n in found["fix-greeting::1::nop"].result.notes
     )
-    no_containers_left(container_engine)
+    no_containers_left(container_engine, run_dir)
 
 
 def test_a_subject_program_is_uploaded_and_its_result_frame_read(container_engine, tmp_path):
@@ -305,7 +310,7 @@ def test_forged_rewards_are_never_read_and_are_noted(container_engine, tmp_path)
     wrecked = found["plain-image::1::wrecker"]
     assert wrecked.result.score != 1.0
     assert any("suspected tampering" in n for n in wrecked.result.notes), wrecked.result
-    no_containers_left(container_engine)
+    no_containers_left(container_engine, run_dir)
 
 
 SERVER_TOML = f'[environment]\ndocker_image = "{PYTHON_IMAGE}"\n'
@@ -335,7 +340,7 @@ def test_concurrent_cells_bind_the_same_port_in_their_own_networks(container_eng
     assert scores == dict.fromkeys(
         ["serve-1::1::a", "serve-1::1::b", "serve-2::1::a", "serve-2::1::b"], 1.0
     )
-    no_containers_left(container_engine)
+    no_containers_left(container_engine, run_dir)
 
 
 def test_filling_tmp_hurts_no_one_else(container_engine, tmp_path):
@@ -405,7 +410,7 @@ def test_the_images_entrypoint_starts_its_services_as_in_harbor(container_engine
     assert found["service::1::stuck"].result.score == 1.0, found["service::1::stuck"].result
     assert found["service::1::nop"].result.score == 1.0, found["service::1::nop"].result
     assert not any("ENTRYPOINT" in n for n in found["service::1::nop"].result.notes)
-    no_containers_left(container_engine)
+    no_containers_left(container_engine, run_dir)
 
 
 def test_an_entrypoint_that_ends_at_once_is_left_out_and_noted(container_engine, tmp_path):
@@ -425,7 +430,7 @@ def test_an_entrypoint_that_ends_at_once_is_left_out_and_noted(container_engine,
     (note,) = [n for n in record.result.notes if "ENTRYPOINT" in n]
     assert "exit status 3" in note and "not running my arguments" in note, note
     assert "ran without it" in note
-    no_containers_left(container_engine)
+    no_containers_left(container_engine, run_dir)
 
 
 def test_containers_left_by_a_writer_that_died_are_removed(container_engine, tmp_path):

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from maka_eval.sandbox import container as container_backend
+from maka_eval.store.run_store import read_run
 from tests.local.test_steps import (
     SNOOP,
     StepsBench,
@@ -37,8 +38,18 @@ def container_bench(tmp_path: Path, engine: str) -> StepsBench:
 
 
 def test_oracle_scores_1_and_nop_0_with_a_min_reward_abort(container_engine, tmp_path):
-    check_oracle_and_nop(container_bench(tmp_path, container_engine), "container")
-    assert container_backend.leftover_containers(container_engine) == []
+    bench = container_bench(tmp_path, container_engine)
+    check_oracle_and_nop(bench, "container")
+    # Of every run the check made (other test sessions may be running their own).
+    run_ids = {
+        record.run_id
+        for run_dir in (tmp_path / "runs").iterdir()
+        for attempts in read_run(run_dir).records.values()
+        for record in attempts
+    }
+    assert run_ids
+    for run_id in run_ids:
+        assert container_backend.leftover_containers(container_engine, run_id) == []
 
 
 def test_mean_and_final_reward_strategies(container_engine, tmp_path):
