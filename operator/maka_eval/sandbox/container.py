@@ -719,7 +719,8 @@ class ContainerSandbox:
             if net.ca_cert is not None:
                 volumes[net.ca_cert] = {"bind": CA_CERT_PATH, "mode": "ro"}
             kwargs["volumes"] = volumes
-        if config.get("Entrypoint"):
+        keeps_entrypoint = bool(config.get("Entrypoint"))
+        if keeps_entrypoint:
             # As Harbor: the image's ENTRYPOINT runs, given `sh -c "sleep infinity"` (an
             # entrypoint that starts services and then execs its arguments starts them
             # here too; quiescing spares what it started, see QUIESCE).
@@ -750,11 +751,8 @@ class ContainerSandbox:
             why = _api_message(exc).splitlines()[-1].rsplit(": ", 1)[-1].strip('")')
             self.notes.append(f"storage_mb={plan.storage_mb} was not enforced: {why[:200]}")
             self.container_id = _create(client, str(image.get("Id") or plan.image), kwargs)
-        try:
-            client.api.start(self.container_id)
-        except docker.errors.APIError as exc:
-            raise OSError(f"cannot start the container: {_api_message(exc)}") from None
-        if "entrypoint" in kwargs:  # PID 1 sleeps
+        self._start_created()
+        if not keeps_entrypoint:  # PID 1 sleeps
             self._start_holder(self._upload_workspace())
             return
         with contextlib.suppress(OSError):  # an entrypoint that ended: see below
@@ -795,9 +793,17 @@ class ContainerSandbox:
         self._holder = None
         kwargs["entrypoint"] = ["sleep"]
         kwargs["command"] = ["infinity"]
-        self.container_id = _create(client, str(image.get("Id") or self.plan.image), kwargs)
         try:
-            client.api.start(self.container_id)
+            self.container_id = _create(client, str(image.get("Id") or self.plan.image), kwargs)
+        except docker.errors.APIError as exc:
+            raise OSError(f"cannot create the container: {_api_message(exc)}") from None
+        self._start_created()
+
+    def _start_created(self) -> None:
+        import docker.errors
+
+        try:
+            self._client.api.start(self.container_id)
         except docker.errors.APIError as exc:
             raise OSError(f"cannot start the container: {_api_message(exc)}") from None
 

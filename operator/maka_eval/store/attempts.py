@@ -373,18 +373,19 @@ def _read_cell(cell: str, attempts_dir: str, run_id: str, read: CellsRead) -> No
     except (FileNotFoundError, NotADirectoryError):
         return
     numbers_with_records = set()
-    folders = []  # names that may be attempt directories
+    folders: list[tuple[int, str]] = []  # names that may be attempt directories
     records = None
     for name in names:
         if not name.endswith(".json"):
-            if name.isdecimal():
-                folders.append(name)
+            number = _number(name)
+            if number is not None:
+                folders.append((number, name))
             continue
         if name.startswith(TMP_PREFIX):
             continue
-        stem = name[:-5]
-        if stem.isdecimal():  # a record, damaged or not, is not an interrupted attempt
-            numbers_with_records.add(int(stem))
+        number = _number(name[: -len(".json")])
+        if number is not None:  # a record, damaged or not, is not an interrupted attempt
+            numbers_with_records.add(number)
         path = f"{attempts_dir}/{name}"
         try:
             record = _from_json(_read_record(path))
@@ -406,9 +407,9 @@ def _read_cell(cell: str, attempts_dir: str, run_id: str, read: CellsRead) -> No
         if records is None:
             records = read.records.setdefault(cell, [])
         records.append(record)
-    for name in folders:
-        if int(name) not in numbers_with_records and os.path.isdir(f"{attempts_dir}/{name}"):
-            read.interrupted.setdefault(cell, []).append(int(name))
+    for number, name in folders:
+        if number not in numbers_with_records and os.path.isdir(f"{attempts_dir}/{name}"):
+            read.interrupted.setdefault(cell, []).append(number)
 
 
 _from_json = AttemptRecord.from_json
