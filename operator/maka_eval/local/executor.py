@@ -89,6 +89,7 @@ from maka_eval.sandbox.container import (
     forget_images,
     remove_leftovers,
 )
+from maka_eval.sandbox.holders import NamespacePool
 from maka_eval.spec.egress import policy_of
 from maka_eval.spec.load import LoadedExperiment
 from maka_eval.spec.metering import prices_of
@@ -214,6 +215,12 @@ class LocalRun:
         # in-process relay; the run loop, the store and the events stay these.
         self._plugin = plugin_of(self.experiment)
         self._plugin_attempts: PluginAttempts | None = None
+        # Namespaces made ahead of attempts (the process sandbox's; nothing is made
+        # unless an attempt asks): about as many as attempts can start at once.
+        self._pool = NamespacePool(
+            execution.max_concurrent_task_groups * len(self.experiment.spec.subjects),
+            self.supervisor,
+        )
 
     # -- the run --------------------------------------------------------------------
     def run(self) -> RunReport:
@@ -286,6 +293,7 @@ class LocalRun:
             # Orphans that dropped their attempt's marker could not be attributed to an
             # attempt; with every attempt over, they are nobody's and must not outlive us.
             self.supervisor.quiesce_adopted()
+            self._pool.close()
             if self._plugin_attempts is not None:
                 self._plugin_attempts.close()
             writer.close()
@@ -545,7 +553,12 @@ class LocalRun:
                 )
             else:
                 outcome = run_attempt(
-                    plan, self.supervisor, self.cancel, self.host_env, start_gate=gate
+                    plan,
+                    self.supervisor,
+                    self.cancel,
+                    self.host_env,
+                    start_gate=gate,
+                    pool=self._pool,
                 )
         finally:
             if egress is not None:

@@ -59,6 +59,7 @@ from maka_eval.relay.processes import CancelToken, ProcessSupervisor, WaitEnd
 from maka_eval.relay.steps import StepOutcome
 from maka_eval.relay.verifier import read_reward
 from maka_eval.sandbox.base import Isolation, Layout, Network, Phase, Sandbox
+from maka_eval.sandbox.holders import NamespacePool
 from maka_eval.sandbox.process import interpreted, make_sandbox
 
 LOW_DISK_BYTES = 1 << 20
@@ -230,8 +231,10 @@ class _Attempt:
         host_env: Mapping[str, str],
         start_gate: Callable[[], None] | None,
         settle_metering: Callable[[], object] | None = None,
+        pool: NamespacePool | None = None,
     ) -> None:
         self.plan = plan
+        self._pool = pool
         self._start_gate = start_gate
         self._settle_metering = settle_metering
         self.supervisor = supervisor
@@ -290,7 +293,12 @@ class _Attempt:
                 network=network,
             )
         return make_sandbox(
-            Isolation(plan.isolation), self.supervisor, plan.attempt_id, sandbox_layout, network
+            Isolation(plan.isolation),
+            self.supervisor,
+            plan.attempt_id,
+            sandbox_layout,
+            network,
+            self._pool,
         )
 
     def _network(self) -> Network | None:
@@ -345,8 +353,8 @@ class _Attempt:
         self.credentials = resolve_credentials(plan.subject.credentials, self.host_env)
         self.base_env = base_environment(
             attempt_id=plan.attempt_id,
-            home=str(layout.home),
-            tmp=str(layout.tmp),
+            home=self._inside(Phase.SUBJECT, layout.home),
+            tmp=self._inside(Phase.SUBJECT, layout.tmp),
             host_env=self.host_env,
         )
 
@@ -998,6 +1006,7 @@ def run_attempt(
     host_env: Mapping[str, str] | None = None,
     start_gate: Callable[[], None] | None = None,
     settle_metering: Callable[[], object] | None = None,
+    pool: NamespacePool | None = None,
 ) -> AttemptOutcome:
     """Run one attempt to its end; never raises for anything the subject or task does.
 
@@ -1005,6 +1014,7 @@ def run_attempt(
     executor passes a barrier so all arms of a task group start at the same moment.
     `settle_metering` (the cell's ProxyHandle.settle) is called once the subject has
     stopped, before metered usage is recovered from the provider-usage checkpoint.
+    `pool` (the local executor's) hands the process sandbox namespaces made ahead.
     """
     env = host_env if host_env is not None else host_environment()
-    return _Attempt(plan, supervisor, cancel, env, start_gate, settle_metering).run()
+    return _Attempt(plan, supervisor, cancel, env, start_gate, settle_metering, pool).run()

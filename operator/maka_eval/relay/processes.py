@@ -181,6 +181,17 @@ class ProcessSupervisor:
             if pidfd >= 0:
                 os.close(pidfd)
 
+    def manage(self, pid: int) -> None:
+        """A child this process started outside `spawn` (a sandbox's holder): it is no
+        adopted orphan, and its Popen reaps it."""
+        with self._lock:
+            self._managed.add(pid)
+
+    def forget(self, pid: int) -> None:
+        """A child passed to `manage` was reaped."""
+        with self._lock:
+            self._managed.discard(pid)
+
     def release(self, proc: subprocess.Popen[bytes]) -> int:
         """Reap a process that has ended (or been killed) and forget it."""
         code = proc.wait()

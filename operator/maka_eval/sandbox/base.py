@@ -64,6 +64,19 @@ class Layout:
     TESTS_PATH = "/tests"
     VERIFIER_LOGS_PATH = "/logs/verifier"
     AGENT_LOGS_PATH = "/logs/agent"
+    INSTRUCTION_PATH = "/maka/instruction.md"
+    FRAME_PATH = "/maka/frame"
+
+
+def mapped(paths: Mapping[str, str], path: str) -> str:
+    """`path` through a map of folders (or files) to where they are seen: a path in a
+    mapped folder keeps its place in it; an unmapped path is itself."""
+    if path in paths:
+        return paths[path]
+    for source, seen in paths.items():
+        if path.startswith(source.rstrip("/") + "/"):
+            return seen.rstrip("/") + path[len(source.rstrip("/")) :]
+    return path
 
 
 @dataclass(frozen=True)

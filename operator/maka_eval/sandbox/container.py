@@ -68,7 +68,7 @@ from maka_eval.relay.plan import ContainerPlan
 from maka_eval.relay.processes import MARKER_VARIABLE as ATTEMPT_MARKER
 from maka_eval.relay.processes import CancelToken, ProcessSupervisor, WaitEnd
 from maka_eval.sandbox import exec as exec_helper
-from maka_eval.sandbox.base import Isolation, Layout, Network, Phase
+from maka_eval.sandbox.base import Isolation, Layout, Network, Phase, mapped
 
 ENGINE_SOCKETS = (
     "unix:///run/maka-eval/podman.sock",
@@ -82,8 +82,8 @@ DEFAULT_WORKDIR = "/"
 """Where programs run when neither task.toml nor the image names a workdir: the engine's
 own default, as under Harbor (`docker exec` without `-w`)."""
 PROGRAM_DIR = "/maka/bin"
-FRAME_DIR = "/maka/frame"
-INSTRUCTION_PATH = "/maka/instruction.md"
+FRAME_DIR = Layout.FRAME_PATH
+INSTRUCTION_PATH = Layout.INSTRUCTION_PATH
 CLIENT_TIMEOUT = 120
 PROBE_TIMEOUT = 3.0
 MAX_FRAME_BYTES = 1 << 20
@@ -665,12 +665,7 @@ class ContainerSandbox:
         """Harbor's path for a folder of the layout (or a file in one)."""
         if not self._paths:
             self._paths = self._mapping()
-        if host_path in self._paths:
-            return self._paths[host_path]
-        for host, inside in self._paths.items():
-            if host_path.startswith(host.rstrip("/") + "/"):
-                return inside.rstrip("/") + host_path[len(host.rstrip("/")) :]
-        return host_path
+        return mapped(self._paths, host_path)
 
     # -- the container ----------------------------------------------------------------
     def start(self) -> None:

@@ -5,7 +5,8 @@ Two ways, chosen per attempt:
 - `Namespaces` (Linux, root, bubblewrap): a holder process owns fresh PID, mount, IPC,
   UTS and network namespaces. The subject is entered into them with `nsenter`, so its
   exit code comes from a process it cannot reach; inside, it sees its workspace, its
-  home and /tmp (on disk, in the attempt folder), the instruction, and the machine's
+  home and temp folder (on disk, in the attempt folder), and the instruction, at fixed
+  places (/maka/workspace, ...: sandbox.holders), a /tmp of its own, and the machine's
   files read-only -- but not the run folder, other cells' workspaces, the tasks' tests
   and solutions, /run (engine sockets), or any process but its own. Processes it leaves
   behind live on in the holder's namespaces until the verifier has run, and die with
@@ -13,6 +14,8 @@ Two ways, chosen per attempt:
   subject's network (a server the subject left still answers on localhost) and is the
   only one that sees the tests and the verifier's log folder, so nothing the subject
   left running can write a reward.
+- Without a policed network, the holders are taken ready-made from the executor's
+  `NamespacePool` when it has some, and the attempt's folders are mounted into them.
 - With a policed network (`Network`, the cell's egress enforcement), the subject's
   namespaces are made inside the executor's network namespace instead of a new one,
   /etc/hosts pins the proxy's name, /etc/resolv.conf names no resolver, and the proxy's
@@ -29,38 +32,37 @@ Two ways, chosen per attempt:
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
-import signal
 import subprocess
 import sys
-import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import IO
 
-from maka_eval import strict_json
 from maka_eval.process_table import snapshot
 from maka_eval.relay.output import OutputCapture
 from maka_eval.relay.processes import CancelToken, ProcessSupervisor, WaitEnd
-from maka_eval.sandbox.base import Isolation, Layout, Network, Phase
+from maka_eval.sandbox.base import Isolation, Layout, Network, Phase, mapped
 from maka_eval.sandbox.files import copy_into, copy_out, copy_path_out
+from maka_eval.sandbox.holders import (
+    OWN_NAMESPACES,
+    Holder,
+    NamespacePool,
+    Sources,
+    View,
+    make_holder,
+    seen_at,
+    subject_args,
+    verifier_holder,
+)
 
-# Top-level folders the sandbox makes anew instead of showing the host's.
-_FRESH = frozenset({"proc", "dev", "tmp", "run", "lost+found"})
-HOLDER_START_TIMEOUT = 10.0
-OUTER_EXIT_TIMEOUT = 2.0
-"""How long the outer bubblewrap may take to reap its killed init and exit."""
 BWRAP_PROBE = (
     *("bwrap", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--die-with-parent"),
     *("--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", "true"),
 )
 """The smallest sandbox: whether bubblewrap works here, and what it costs alone."""
-TMP_BYTES = 1 << 30
-"""Size of a sandbox's own /tmp (memory-backed); TMPDIR points at the attempt's folder."""
 SUBJECT_CAPS = (
     *("chown", "dac_override", "fowner", "fsetid", "kill", "setgid", "setuid", "setpcap"),
     *("setfcap", "net_bind_service", "sys_chroot", "audit_write"),
@@ -92,22 +94,31 @@ class _Supervised:
     def release(self, proc: subprocess.Popen[bytes]) -> int:
         return self.supervisor.release(proc)
 
+    def path_of(self, phase: Phase, host_path: str) -> str:
+        return host_path
+
+    def _host_of(self, path: str) -> str:
+        """The host path of what the sandbox shows at `path`."""
+        return path
+
     def upload(self, host_path: str, sandbox_path: str, user: str | None = None) -> None:
-        if host_path != sandbox_path:  # the folders of the layout are shown in place
-            copy_into(Path(host_path), sandbox_path)
+        target = self._host_of(sandbox_path)
+        if host_path != target:  # the folders of the layout are shown in place
+            copy_into(Path(host_path), target)
 
     def download(self, sandbox_path: str, host_path: str, max_bytes: int) -> None:
-        if host_path != sandbox_path:
-            copy_out(sandbox_path, Path(host_path), max_bytes)
+        source = self._host_of(sandbox_path)
+        if host_path != source:
+            copy_out(source, Path(host_path), max_bytes)
 
     def collect(self, source: str, target: Path, max_bytes: int) -> str | None:
-        # What a subject here writes and a relay may read: its workdir (the workspace,
-        # seen at its host path) and /logs/agent. Anything else is this machine's own.
+        # What a subject here writes and a relay may read: its workdir (the workspace)
+        # and /logs/agent. Anything else is this machine's own.
         lay = self.layout
         for inside, host in (
-            (lay.workspace, lay.workspace),
+            (self.path_of(Phase.SUBJECT, lay.workspace), lay.workspace),
             (Layout.AGENT_LOGS_PATH, lay.agent_logs),
-            (lay.agent_logs, lay.agent_logs),
+            (self.path_of(Phase.SUBJECT, lay.agent_logs), lay.agent_logs),
         ):
             if source == inside or source.startswith(inside.rstrip("/") + "/"):
                 return copy_path_out(host, source[len(inside) :], target, max_bytes)
@@ -124,9 +135,6 @@ class PlainProcesses(_Supervised):
 
     def start(self) -> None:
         """Nothing to make: the attempt's folders are the sandbox."""
-
-    def path_of(self, phase: Phase, host_path: str) -> str:
-        return host_path
 
     def spawn(
         self,
@@ -179,133 +187,14 @@ def namespaces_unavailable() -> str | None:
     return None
 
 
-@cache
-def _root_binds() -> tuple[str, ...]:
-    """The host's top-level folders, read-only (symlinks kept as symlinks)."""
-    args: list[str] = []
-    for name in sorted(os.listdir("/")):
-        path = f"/{name}"
-        if name in _FRESH:
-            continue
-        if os.path.islink(path):
-            args += ["--symlink", os.readlink(path), path]
-        elif os.path.isdir(path):
-            args += ["--ro-bind", path, path]
-    return tuple(args)
-
-
-def _existing(paths: Sequence[str]) -> list[str]:
-    return [p for p in paths if os.path.isdir(p)]
-
-
-@dataclass
-class _Holder:
-    """A bubblewrap process keeping a set of namespaces alive (it runs `cat`)."""
-
-    proc: subprocess.Popen[bytes]
-    info_fd: int
-    lifeline: int = -1
-    """Write end of the pipe the holder's program reads: when this process dies, for
-    whatever reason, the kernel closes it, the program sees EOF and exits, and bubblewrap
-    takes the namespace down with it."""
-    init_pid: int | None = None
-    """bubblewrap's init inside (killing it ends every process in the namespace)."""
-    target: int | None = None
-    """Its program: nsenter targets it (root and working directory are the sandbox's)."""
-
-    def ready(self) -> int:
-        """The pid to nsenter, once bubblewrap has made the namespaces."""
-        if self.target is None:
-            init = _read_info(self.info_fd)
-            os.close(self.info_fd)
-            self.info_fd = -1
-            target = _first_child(init) if init is not None else None
-            if init is None or target is None:
-                error = b""
-                with contextlib.suppress(Exception):
-                    self.proc.kill()
-                    error = self.proc.communicate(timeout=5)[1] or b""
-                raise OSError(f"bubblewrap could not make the sandbox: {error.decode()[:300]}")
-            self.init_pid, self.target = init, target
-        return self.target
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def kill(self) -> None:
-        """Kill bubblewrap's init: the kernel ends every process in the namespace, and
-        the outer bubblewrap, which waits for that init, reaps it and exits (`end`).
-        The outer one is killed at once only when the init is unknown."""
-        if self.lifeline >= 0:
-            os.close(self.lifeline)
-            self.lifeline = -1
-        if self.info_fd >= 0:
-            if self.init_pid is None:
-                # Never used (the verifier did not run): learn its init first. Killing
-                # only the outer bubblewrap can race its child's --die-with-parent set-up
-                # and leave the namespace's init running, orphaned.
-                self.init_pid = _read_info(self.info_fd)
-            os.close(self.info_fd)
-            self.info_fd = -1
-        if self.init_pid is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.init_pid, signal.SIGKILL)
-        else:
-            with contextlib.suppress(ProcessLookupError):
-                self.proc.kill()
-
-    def end(self) -> None:
-        """Kill, then reap the holder. The outer bubblewrap is given a moment to reap the
-        namespace's init itself: killed first, it would leave that init to us (this
-        process is a subreaper), a zombie the supervisor then looks through every
-        process of the machine to account for."""
-        self.kill()
-        try:
-            self.proc.wait(timeout=OUTER_EXIT_TIMEOUT)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                self.proc.kill()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.proc.wait(timeout=10)
-
-
-def _read_info(fd: int) -> int | None:
-    """The host pid of the sandbox's init, from bubblewrap's info fd."""
-    deadline = time.monotonic() + HOLDER_START_TIMEOUT
-    data = b""
-    while b"}" not in data and time.monotonic() < deadline:
-        chunk = os.read(fd, 4096)
-        if not chunk:
-            break
-        data += chunk
-    try:
-        pid = strict_json.loads(data[: data.index(b"}") + 1])["child-pid"]
-    except (ValueError, KeyError, TypeError):
-        return None
-    return pid if isinstance(pid, int) else None
-
-
-def _first_child(pid: int) -> int | None:
-    deadline = time.monotonic() + HOLDER_START_TIMEOUT
-    path = f"/proc/{pid}/task/{pid}/children"
-    while time.monotonic() < deadline:
-        try:
-            with open(path) as handle:
-                children = handle.read().split()
-        except OSError:
-            return None
-        if children:
-            return int(children[0])
-        time.sleep(0.0005)
-    return None
-
-
 class Namespaces(_Supervised):
     """The attempt in its own namespaces, made with bubblewrap (see the module docstring).
 
     Two holders: the subject's (all namespaces new), and the verifier's, which joins the
-    subject's network namespace and has its own PID, mount, IPC and UTS namespaces. The
-    verifier's is started right after the subject's and made while the subject runs.
+    subject's network namespace and has its own PID, mount, IPC and UTS namespaces. With
+    a `pool` (and no policed network) both are taken ready-made and the attempt's
+    folders are mounted into them; otherwise the verifier's is started right after the
+    subject's and made while the subject runs.
     """
 
     isolation = Isolation.NAMESPACES
@@ -316,134 +205,83 @@ class Namespaces(_Supervised):
         attempt_id: str,
         layout: Layout,
         network: Network | None = None,
+        pool: NamespacePool | None = None,
     ) -> None:
         super().__init__(supervisor, attempt_id, layout)
         self.network = network
         """The executor's policed namespace to join; None: a new one, loopback only."""
-        self._subject: _Holder | None = None
-        self._verifier: _Holder | None = None
+        self.pool = pool
+        self._subject: Holder | None = None
+        self._verifier: Holder | None = None
+        self._slot: str | None = None
+        """The pool's slot whose mount points show this attempt's folders."""
         self._programs: list[subprocess.Popen[bytes]] = []
-
-    # -- what each phase sees -------------------------------------------------------
-    def _common(self) -> list[str]:
-        lay = self.layout
-        args = [*_root_binds(), "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/run"]
-        if os.path.isdir("/logs"):
-            # This machine's own /logs is not the task's, and read-only it would leave
-            # no room for /logs/agent and /logs/verifier.
-            args += ["--tmpfs", "/logs"]
-        # /tmp is the attempt's own, in memory and capped: filling it hurts no one else.
-        args += ["--size", str(TMP_BYTES), "--tmpfs", "/tmp"]
-        mounts = [(hidden, ["--tmpfs", hidden]) for hidden in _existing(lay.hidden)]
-        mounts += [(p, ["--ro-bind", p, p]) for p in lay.visible if os.path.exists(p)]
-        # Outer folders first (hidden before visible at the same depth): a visible folder
-        # that holds a hidden one -- the program's folder around the run folder or the
-        # work folder -- must not show it again.
-        for _, mount in sorted(mounts, key=lambda m: len(Path(m[0]).parts)):
-            args += mount
-        for folder in (lay.workspace, lay.home, lay.tmp):
-            args += ["--bind", folder, folder]
-        if self.network is not None:
-            # The policed namespace has no reachable resolver: the proxy's name is pinned.
-            args += ["--ro-bind", self.network.hosts_file, _etc_target("/etc/hosts")]
-            args += ["--ro-bind", self.network.resolv_file, _etc_target("/etc/resolv.conf")]
-        return args
-
-    def _subject_view(self) -> list[str]:
-        lay = self.layout
-        args = self._common()
-        if lay.frame_dir is not None:
-            args += ["--bind", lay.frame_dir, lay.frame_dir]
-        args += ["--ro-bind", lay.instruction, lay.instruction]
-        args += ["--bind", lay.agent_logs, Layout.AGENT_LOGS_PATH]
-        for host, inside in lay.subject_dirs.items():
-            args += ["--ro-bind", host, host, "--ro-bind", host, inside]
-        return args + self._ca_cert()
-
-    def _ca_cert(self) -> list[str]:
-        """The proxy's CA certificate (public), read-only, where both phases find it."""
-        if self.network is None or self.network.ca_cert is None:
-            return []
-        return ["--ro-bind", self.network.ca_cert, self.network.ca_cert]
-
-    def _verifier_view(self) -> list[str]:
-        lay = self.layout
-        return [
-            *self._common(),
-            *("--bind", lay.tests, lay.tests, "--bind", lay.tests, Layout.TESTS_PATH),
-            *("--bind", lay.verifier_logs, lay.verifier_logs),
-            *("--bind", lay.verifier_logs, Layout.VERIFIER_LOGS_PATH),
-            *self._ca_cert(),
-        ]
+        self._seen = seen_at(layout)
+        self._hosts = {inside: host for host, inside in self._seen.items()}
+        lay = layout
+        self._view = View(
+            hidden=tuple(lay.hidden),
+            visible=tuple(lay.visible),
+            frame=lay.frame_dir is not None,
+            subject_dirs=tuple(sorted(lay.subject_dirs.values())),
+        )
+        self._sources = Sources.of(layout)
 
     def path_of(self, phase: Phase, host_path: str) -> str:
-        return host_path  # every folder is also seen at its host path
+        """The attempt's folders are seen at fixed places (/maka/workspace, /tests, ...);
+        anything else (the subject's own program) at its host path."""
+        return mapped(self._seen, host_path)
+
+    def _host_of(self, path: str) -> str:
+        return mapped(self._hosts, path)
 
     # -- the holders ----------------------------------------------------------------
-    def _holder(self, prefix: list[str], unshare: list[str], view: list[str]) -> _Holder:
-        read, write = os.pipe()
-        # The holder's program is `cat` on a pipe only this process writes to: if the
-        # executor dies (even by SIGKILL), cat sees EOF and the whole sandbox ends.
-        life_read, life_write = os.pipe()
-        try:
-            proc = subprocess.Popen(
-                [
-                    *prefix,
-                    "bwrap",
-                    *unshare,
-                    "--die-with-parent",
-                    *view,
-                    *("--chdir", self.layout.workspace),
-                    *("--info-fd", str(write)),
-                    "--",
-                    "cat",
-                ],
-                stdin=life_read,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.PIPE,
-                pass_fds=(write,),
-                start_new_session=True,
-            )
-        except OSError:
-            os.close(read)
-            os.close(life_write)
-            raise
-        finally:
-            os.close(write)
-            os.close(life_read)
-        return _Holder(proc, read, life_write)
-
     def start(self) -> None:
         # Created empty now: only the verifier's namespace ever sees them.
         Path(self.layout.tests).mkdir(parents=True, exist_ok=True)
         Path(self.layout.verifier_logs).mkdir(parents=True, exist_ok=True)
-        own = ["--unshare-pid", "--unshare-ipc", "--unshare-uts"]
+        if self.network is None and self.pool is not None and self._ready_made(self.pool):
+            return
+        view, src, sup = self._view, self._sources, self.supervisor
         if self.network is None:
-            self._subject = self._holder([], [*own, "--unshare-net"], self._subject_view())
+            self._subject = make_holder(
+                [], [*OWN_NAMESPACES, "--unshare-net"], subject_args(view, src, None), sup
+            )
         else:
             # The executor's namespace, with its policy already loaded.
             join = ["nsenter", f"--net={self.network.namespace}", "--"]
-            self._subject = self._holder(join, own, self._subject_view())
-        self._verifier = self._verifier_holder(self._subject.ready())
+            self._subject = make_holder(
+                join, OWN_NAMESPACES, subject_args(view, src, self.network), sup
+            )
+        self._verifier = verifier_holder(self._subject.ready(), view, src, self.network, sup)
 
-    def _verifier_holder(self, target: int) -> _Holder:
-        """A verifier's holder, in the network namespace of the holder `target`."""
-        return self._holder(
-            ["nsenter", "--target", str(target), "--net", "--"],
-            ["--unshare-pid", "--unshare-ipc", "--unshare-uts"],
-            self._verifier_view(),
-        )
+    def _ready_made(self, pool: NamespacePool) -> bool:
+        """Take a pair the pool made and show this attempt's folders in it."""
+        pair = pool.take(self._view)
+        if pair is None:
+            return False
+        try:
+            pool.attach(pair, self.layout)
+        except OSError as exc:
+            pair.end()
+            pool.give_back(pair.slot)
+            self.notes.append(f"a ready-made sandbox could not be used ({exc}); made anew")
+            return False
+        self._subject, self._verifier, self._slot = pair.subject, pair.verifier, pair.slot
+        return True
 
     def next_step(self) -> None:
         subject, verifier = self._subject, self._verifier
+        view, src = self._view, self._sources
         if subject is None or not subject.alive():
             # Cut off by its timeout: new namespaces, in the same network namespace (the
             # verifier's holder kept it), over the same workspace.
             if verifier is None or not verifier.alive():
                 raise OSError("the sandbox's namespaces are gone; the next step cannot run")
-            own = ["--unshare-pid", "--unshare-ipc", "--unshare-uts"]
             join = ["nsenter", "--target", str(verifier.ready()), "--net", "--"]
-            self._subject = subject = self._holder(join, own, self._subject_view())
+            self._subject = subject = make_holder(
+                join, OWN_NAMESPACES, subject_args(view, src, self.network), self.supervisor
+            )
         # Ready first: it has joined the network namespace before the verifier that
         # kept it goes.
         target = subject.ready()
@@ -451,7 +289,7 @@ class Namespaces(_Supervised):
             verifier.end()  # with whatever the last verifier left running
         Path(self.layout.tests).mkdir(parents=True, exist_ok=True)
         Path(self.layout.verifier_logs).mkdir(parents=True, exist_ok=True)
-        self._verifier = self._verifier_holder(target)
+        self._verifier = verifier_holder(target, view, src, self.network, self.supervisor)
 
     # -- running programs -------------------------------------------------------------
     def spawn(
@@ -470,17 +308,26 @@ class Namespaces(_Supervised):
             raise OSError(f"the {phase.value}'s sandbox is not running")
         target = holder.ready()
         # nsenter forks into the PID namespace and waits: the exit code is the program's,
-        # and no process in the sandbox can reach the one reporting it. Root and working
-        # directory (the workspace) are the holder's.
-        # (The verifier's holder lives in the subject's network namespace.)
+        # and no process in the sandbox can reach the one reporting it. The root is the
+        # holder's; the working directory is looked up inside, after the attempt's
+        # folders were mounted. (The verifier's holder lives in the subject's network
+        # namespace.)
         namespaces = ("--pid", "--mount", "--ipc", "--uts", "--net")
-        command = ["nsenter", "--target", str(target), *namespaces, "-r", "-w", "--"]
+        inside = self.path_of(phase, cwd)  # a folder of the layout, named either way
+        command = ["nsenter", "--target", str(target), *namespaces, "-r", f"--wdns={inside}", "--"]
         if phase is Phase.SUBJECT:
             keep = "".join(f",+{cap}" for cap in SUBJECT_CAPS)
             command += ["setpriv", "--inh-caps=-all", "--ambient-caps=-all"]
             command += [f"--bounding-set=-all{keep}", "--"]
         command += argv
-        proc = self.supervisor.spawn(command, cwd=cwd, env=env, stdout=stdout, stderr=stderr)
+        host_cwd = self._host_of(inside)
+        proc = self.supervisor.spawn(
+            command,
+            cwd=host_cwd if os.path.isdir(host_cwd) else self.layout.workspace,
+            env=env,
+            stdout=stdout,
+            stderr=stderr,
+        )
         self._programs.append(proc)
         return proc
 
@@ -512,13 +359,10 @@ class Namespaces(_Supervised):
             holder.kill()
         for holder in holders:
             holder.end()
+        if self._slot is not None and self.pool is not None:
+            self.pool.give_back(self._slot)  # nothing of the attempt is mounted there now
+            self._slot = None
         self.supervisor.end_attempt(self.attempt_id)
-
-
-def _etc_target(path: str) -> str:
-    """Where to mount over a file of /etc: its target when it is a link (e.g. into /run,
-    which the sandbox makes anew)."""
-    return os.path.realpath(path) if os.path.islink(path) else path
 
 
 def make_sandbox(
@@ -527,11 +371,12 @@ def make_sandbox(
     attempt_id: str,
     layout: Layout,
     network: Network | None = None,
+    pool: NamespacePool | None = None,
 ) -> PlainProcesses | Namespaces:
     """The process backend the plan asks for. Plain processes cannot join `network`:
     they run in this machine's namespace, and the relay's gate refuses to start them."""
     if isolation is Isolation.NAMESPACES:
-        return Namespaces(supervisor, attempt_id, layout, network)
+        return Namespaces(supervisor, attempt_id, layout, network, pool)
     return PlainProcesses(supervisor, attempt_id, layout)
 
 
