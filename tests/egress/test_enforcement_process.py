@@ -156,8 +156,8 @@ def test_the_gate_refuses_a_subject_outside_the_policed_namespace(tmp_path, monk
     # A sandbox that makes its own network namespace instead of joining the cell's.
     made = process.make_sandbox
 
-    def unpoliced(isolation, supervisor, attempt_id, layout, network=None):
-        return made(isolation, supervisor, attempt_id, layout, None)
+    def unpoliced(isolation, supervisor, attempt_id, layout, network=None, pool=None):
+        return made(isolation, supervisor, attempt_id, layout, None, pool)
 
     monkeypatch.setattr(relay_attempt, "make_sandbox", unpoliced)
     reason, _ = _refused(tmp_path)

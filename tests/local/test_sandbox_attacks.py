@@ -262,3 +262,35 @@ def _cmdline(pid: str) -> bytes:
         return Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return b""
+
+
+def test_attempts_on_ready_made_sandboxes_leave_nothing_for_each_other(setup):
+    # Namespaces are made ahead over reused slots: a subject tries to leave a note for
+    # a later attempt everywhere it can write (its folders, /tmp, every process's cwd
+    # and root, the covered folders under its mounts) and looks for earlier notes.
+    places = "/ /attempt /attempt/home /attempt/tmp /tmp /logs /logs/agent /dev/shm"
+    leave = (
+        'me="note-$MAKA_EVAL_REPETITION"; '
+        f"found=$(find {places} -maxdepth 2 -name 'note-*' 2>/dev/null; "
+        "ls -a /proc/[0-9]*/cwd/ /proc/[0-9]*/root/attempt/*/ 2>/dev/null | grep note-); "
+        'echo "found:[$(echo $found | tr "\\n" " ")]"; '
+        f"for d in . {places} /proc/[0-9]*/cwd /proc/[0-9]*/root/attempt/workspace; "
+        'do echo x > "$d/$me" 2>/dev/null; done; touch done.txt'
+    )
+    s = setup(
+        spec(
+            subjects=[external("noter", leave)],
+            executor=ISOLATED,
+            repetitions=6,
+            execution={"maxConcurrentTaskGroups": 1, "maxInfraRetries": 1},
+        ),
+        {"t1": {}},
+    )
+    s.run()
+    for rep in range(1, 7):
+        cell = f"t1::{rep}::noter"
+        out = stdout_of(s.run_dir, cell)
+        found = out.split("found:[", 1)[1].split("]", 1)[0]
+        # Only its own notes, never another repetition's.
+        assert all(n.endswith(f"note-{rep}") for n in found.split()), (cell, out)
+        assert read_run(s.run_dir).attempts(cell)[0].result.score == 1.0

@@ -81,15 +81,15 @@ def test_a_ready_made_sandbox_shows_its_own_attempt_and_nothing_of_another(tmp_p
         b.start()
         assert a._slot is not None and b._slot is not None and a._slot != b._slot
         look = (
-            "cat mine.txt /maka/instruction.md /solution/solve.sh; pwd; "
-            "ls /tests /logs/verifier 2>&1; echo x > /maka/instruction.md || echo RO-INSTR; "
+            "cat mine.txt /attempt/instruction.md /solution/solve.sh; pwd; "
+            "ls /tests /logs/verifier 2>&1; echo x > /attempt/instruction.md || echo RO-INSTR; "
             "echo x > /solution/solve.sh || echo RO-SOLUTION; "
             "echo from-subject > made.txt; ls /run/maka-eval 2>&1; "
-            "grep -rl bravo /maka /tmp /logs /solution /run 2>/dev/null | head"
+            "grep -rl bravo /attempt /tmp /logs /solution /run 2>/dev/null | head"
         )
         _, out = _run(a, Phase.SUBJECT, look, tmp_path)
         assert "alpha" in out and "do alpha" in out and "solution of alpha" in out, out
-        assert "/maka/workspace" in out
+        assert "/attempt/workspace" in out
         assert "bravo" not in out and "No such file" in out  # nor the slots in /run
         assert "tests of" not in out and "RO-INSTR" in out and "RO-SOLUTION" in out, out
         assert (tmp_path / "a" / "ws" / "made.txt").read_text() == "from-subject\n"

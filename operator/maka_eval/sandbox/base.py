@@ -64,8 +64,6 @@ class Layout:
     TESTS_PATH = "/tests"
     VERIFIER_LOGS_PATH = "/logs/verifier"
     AGENT_LOGS_PATH = "/logs/agent"
-    INSTRUCTION_PATH = "/maka/instruction.md"
-    FRAME_PATH = "/maka/frame"
 
 
 def mapped(paths: Mapping[str, str], path: str) -> str:

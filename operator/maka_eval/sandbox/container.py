@@ -82,8 +82,8 @@ DEFAULT_WORKDIR = "/"
 """Where programs run when neither task.toml nor the image names a workdir: the engine's
 own default, as under Harbor (`docker exec` without `-w`)."""
 PROGRAM_DIR = "/maka/bin"
-FRAME_DIR = Layout.FRAME_PATH
-INSTRUCTION_PATH = Layout.INSTRUCTION_PATH
+FRAME_DIR = "/maka/frame"
+INSTRUCTION_PATH = "/maka/instruction.md"
 CLIENT_TIMEOUT = 120
 PROBE_TIMEOUT = 3.0
 MAX_FRAME_BYTES = 1 << 20

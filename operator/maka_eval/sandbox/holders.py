@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import signal
 import subprocess
 import threading
@@ -33,17 +34,19 @@ from maka_eval.relay.processes import ProcessSupervisor
 from maka_eval.sandbox.base import Layout, Network
 from maka_eval.sandbox.mounts import SlotTree, detach, mounts_under
 
-# Top-level folders the sandbox makes anew instead of showing the host's (/maka holds
-# the attempt's folders).
-_FRESH = frozenset({"proc", "dev", "tmp", "run", "lost+found", "maka"})
+# Top-level folders the sandbox makes anew instead of showing the host's (/attempt holds
+# the attempt's folders; not /maka, which is the relay's own in a Pod).
+_FRESH = frozenset({"proc", "dev", "tmp", "run", "lost+found", "attempt"})
 HOLDER_START_TIMEOUT = 10.0
 OUTER_EXIT_TIMEOUT = 2.0
 """How long the outer bubblewrap may take to reap its killed init and exit."""
 TMP_BYTES = 1 << 30
 """Size of a sandbox's own /tmp (memory-backed); TMPDIR points at the attempt's folder."""
-WORKSPACE_PATH = "/maka/workspace"
-HOME_PATH = "/maka/home"
-TMP_PATH = "/maka/tmp"
+WORKSPACE_PATH = "/attempt/workspace"
+HOME_PATH = "/attempt/home"
+TMP_PATH = "/attempt/tmp"
+INSTRUCTION_PATH = "/attempt/instruction.md"
+FRAME_PATH = "/attempt/frame"
 POOL_MOST = 8
 """The most pairs a pool keeps ready per view."""
 
@@ -123,14 +126,14 @@ class Sources:
             (self.workspace, WORKSPACE_PATH, False),
             (self.home, HOME_PATH, False),
             (self.tmp, TMP_PATH, False),
-            (self.instruction, Layout.INSTRUCTION_PATH, True),
+            (self.instruction, INSTRUCTION_PATH, True),
             (self.agent_logs, Layout.AGENT_LOGS_PATH, False),
             (self.tests, Layout.TESTS_PATH, False),
             (self.verifier_logs, Layout.VERIFIER_LOGS_PATH, False),
             *((host, inside, True) for inside, host in self.subject_dirs),
         ]
         if self.frame is not None:
-            shown.append((self.frame, Layout.FRAME_PATH, False))
+            shown.append((self.frame, FRAME_PATH, False))
         return shown
 
 
@@ -190,8 +193,8 @@ def subject_args(view: View, src: Sources, network: Network | None) -> list[str]
     """What the subject's holder shows: never the tests or the verifier's logs."""
     args = _common(view, src, network)
     if src.frame is not None:
-        args += ["--bind", src.frame, Layout.FRAME_PATH]
-    args += ["--ro-bind", src.instruction, Layout.INSTRUCTION_PATH]
+        args += ["--bind", src.frame, FRAME_PATH]
+    args += ["--ro-bind", src.instruction, INSTRUCTION_PATH]
     args += ["--bind", src.agent_logs, Layout.AGENT_LOGS_PATH]
     for inside, host in src.subject_dirs:
         args += ["--ro-bind", host, inside]
@@ -223,7 +226,7 @@ class Holder:
     init_pid: int | None = None
     """bubblewrap's init inside (killing it ends every process in the namespace)."""
     target: int | None = None
-    """Its program: nsenter targets it (root and working directory are the sandbox's)."""
+    """Its program: nsenter targets it (its root is the sandbox's)."""
     supervisor: ProcessSupervisor | None = None
     """Told of the holder while it lives (it is no orphan of an attempt)."""
 
@@ -274,6 +277,7 @@ class Holder:
         process is a subreaper), a zombie the supervisor then looks through every
         process of the machine to account for."""
         self.kill()
+        _await_exit(self.proc, OUTER_EXIT_TIMEOUT)
         try:
             self.proc.wait(timeout=OUTER_EXIT_TIMEOUT)
         except subprocess.TimeoutExpired:
@@ -283,6 +287,22 @@ class Holder:
                 self.proc.wait(timeout=10)
         if self.supervisor is not None and self.proc.returncode is not None:
             self.supervisor.forget(self.proc.pid)
+
+
+def _await_exit(proc: subprocess.Popen[bytes], timeout: float) -> None:
+    """Return as soon as `proc` exits (or after `timeout`): Popen.wait with a timeout
+    polls at growing intervals (1, 2, 4 ms...), which would add milliseconds to each
+    attempt's end."""
+    if proc.returncode is not None:
+        return
+    try:
+        fd = os.pidfd_open(proc.pid)
+    except (OSError, AttributeError):
+        return  # reaped already, or no pidfd here: Popen.wait polls
+    try:
+        select.select([fd], [], [], timeout)
+    finally:
+        os.close(fd)
 
 
 def _read_info(fd: int) -> int | None:
@@ -335,7 +355,9 @@ def make_holder(
                 *unshare,
                 "--die-with-parent",
                 *shown,
-                *("--chdir", WORKSPACE_PATH),
+                # Not the workspace: mounted later over a slot's empty folder, whose
+                # covered content must be nobody's working directory.
+                *("--chdir", "/"),
                 *("--info-fd", str(write)),
                 "--",
                 "cat",
@@ -449,8 +471,11 @@ class NamespacePool:
         """The slot's pair is gone (its processes dead): what an attempt bound there is
         unmounted by the pool's thread, off the attempt's path, before the slot's reuse."""
         with self._cond:
-            self._used.append(slot)
-            self._cond.notify_all()
+            if not self._closed:
+                self._used.append(slot)
+                self._cond.notify_all()
+                return
+        self._clear([slot])  # no thread to do it any more
 
     def _clear(self, slots: list[str]) -> None:
         for slot in slots:

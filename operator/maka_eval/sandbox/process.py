@@ -6,7 +6,7 @@ Two ways, chosen per attempt:
   UTS and network namespaces. The subject is entered into them with `nsenter`, so its
   exit code comes from a process it cannot reach; inside, it sees its workspace, its
   home and temp folder (on disk, in the attempt folder), and the instruction, at fixed
-  places (/maka/workspace, ...: sandbox.holders), a /tmp of its own, and the machine's
+  places (/attempt/workspace, ...: sandbox.holders), a /tmp of its own, and the machine's
   files read-only -- but not the run folder, other cells' workspaces, the tasks' tests
   and solutions, /run (engine sockets), or any process but its own. Processes it leaves
   behind live on in the holder's namespaces until the verifier has run, and die with
@@ -228,7 +228,7 @@ class Namespaces(_Supervised):
         self._sources = Sources.of(layout)
 
     def path_of(self, phase: Phase, host_path: str) -> str:
-        """The attempt's folders are seen at fixed places (/maka/workspace, /tests, ...);
+        """The attempt's folders are seen at fixed places (/attempt/workspace, /tests, ...);
         anything else (the subject's own program) at its host path."""
         return mapped(self._seen, host_path)
 
