@@ -156,3 +156,46 @@ def test_slots_a_killed_process_left_mounted_are_taken_down(tmp_path):
         assert (tmp_path / "src" / "f").read_text() == "left"  # unmounted, not deleted
     finally:
         tree.close()
+
+
+def test_a_ready_pair_that_died_is_not_handed_out(tmp_path):
+    supervisor = ProcessSupervisor()
+    pool = NamespacePool(1, supervisor)
+    try:
+        sandbox = Namespaces(supervisor, "a", _layout(tmp_path / "a", "alpha"), pool=pool)
+        _ready_pool(pool, sandbox)
+        with pool._cond:
+            pair = pool._ready[sandbox._view][0]
+        pair.subject.end()  # e.g. killed from outside while it waited
+        assert pool.take(sandbox._view) is None
+        sandbox.start()  # makes its own
+        assert sandbox._slot is None
+        _, out = _run(sandbox, Phase.SUBJECT, "cat mine.txt", tmp_path)
+        assert out == "alpha"
+        sandbox.stop()
+    finally:
+        pool.close()
+
+
+def test_where_slots_cannot_be_mounted_attempts_make_their_own(tmp_path, monkeypatch):
+    from maka_eval.sandbox import holders
+
+    def refused(*_args, **_kwargs):
+        raise OSError(1, "mount: Operation not permitted")
+
+    monkeypatch.setattr(holders, "SlotTree", refused)
+    supervisor = ProcessSupervisor()
+    pool = NamespacePool(1, supervisor)
+    try:
+        sandbox = Namespaces(supervisor, "a", _layout(tmp_path / "a", "alpha"), pool=pool)
+        assert pool.take(sandbox._view) is None
+        deadline = time.monotonic() + 10
+        while pool.broken is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert pool.broken is not None and "not permitted" in pool.broken
+        sandbox.start()
+        _, out = _run(sandbox, Phase.SUBJECT, "cat mine.txt", tmp_path)
+        assert out == "alpha" and sandbox._slot is None
+        sandbox.stop()
+    finally:
+        pool.close()
