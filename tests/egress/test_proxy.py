@@ -105,13 +105,15 @@ def checkpoint(proxy: ProxyHandle) -> Checkpoint:
     return found
 
 
-def wait_idle(proxy: ProxyHandle) -> Checkpoint:
-    """The checkpoint once nothing is in flight (the proxy settles a request when the
-    response has ended, a moment after the client has read it)."""
+def wait_idle(proxy: ProxyHandle, requests: int = 1) -> Checkpoint:
+    """The checkpoint once it counts the test's `requests` and nothing is in flight (the
+    proxy settles a request when the response has ended, a moment after the client has
+    read it, and its writer thread puts the checkpoint on disk a moment later still: a
+    snapshot from before the first request has nothing in flight either)."""
     deadline = time.monotonic() + 5
     while True:
         state = checkpoint(proxy)
-        if state.in_flight == 0 or time.monotonic() > deadline:
+        if (state.requests >= requests and state.in_flight == 0) or time.monotonic() > deadline:
             return state
         time.sleep(0.01)
 
@@ -210,7 +212,7 @@ def test_openai_responses_hosted_web_search_is_stripped(proxy_factory, provider)
     )
     assert events[-1].type == "response.completed"
     assert "tools" not in provider.received[-1].json
-    state = wait_idle(proxy)
+    state = wait_idle(proxy, requests=2)
     assert state.usage == REPORTED.normalized() + REPORTED.normalized()
     assert (state.admitted, state.usage_requests) == (2, 2)
 
@@ -247,7 +249,7 @@ def test_anthropic_messages_streaming_and_not(proxy_factory, provider):
         final = stream.get_final_message()
     assert text.startswith("word0") and final.usage.output_tokens == 80
     expected = Usage(2000, 3000, 700, 80)
-    state = wait_idle(proxy)
+    state = wait_idle(proxy, requests=2)
     assert state.usage == expected + expected and state.usage_requests == 2
     proxy.settle()
     figure = derive(checkpoint(proxy), PRICES)
@@ -306,7 +308,7 @@ def test_rejected_and_cut_requests(proxy_factory, provider):
         client.messages.create(model="overloaded", max_tokens=8, messages=[])
     with pytest.raises(Exception):  # noqa: B017 - the SDK's error for a cut stream varies
         list(client.messages.create(model="cut-stream", max_tokens=8, messages=[], stream=True))
-    state = wait_idle(proxy)
+    state = wait_idle(proxy, requests=2)
     assert (state.requests, state.admitted, state.usage_requests) == (2, 1, 0)
     # The cut stream's message_start counts are kept as a lower bound.
     assert state.usage == Usage(1000, 200, 0, 1)
