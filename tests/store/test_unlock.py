@@ -200,8 +200,11 @@ writer = RunWriter.open(Path(sys.argv[1]), IDENTITY, "0")
 workspace = Path(sys.argv[2]) / writer.run_id / "a1" / "workspace"
 workspace.mkdir(parents=True)
 env = {"PATH": "/usr/bin:/bin", "MAKA_EVAL_ATTEMPT_ID": writer.run_id + "/t::1::s/1"}
+# One process that ignores TERM (exec keeps the ignored signal): a loop of `sleep 1`
+# would leave a child running for up to a second after the shell is stopped, a second
+# process of the run that the checks below would count or not by timing.
 verifier = subprocess.Popen(
-    ["sh", "-c", "trap '' TERM; while :; do sleep 1; done"],
+    ["sh", "-c", "trap '' TERM; exec sleep 1000"],
     env=env, cwd=workspace, start_new_session=True,
 )
 time.sleep(0.2)
