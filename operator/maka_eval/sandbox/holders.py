@@ -32,7 +32,7 @@ from pathlib import Path
 from maka_eval import strict_json
 from maka_eval.relay.processes import ProcessSupervisor
 from maka_eval.sandbox.base import Layout, Network
-from maka_eval.sandbox.mounts import SlotTree, detach, mounts_under
+from maka_eval.sandbox.mounts import SlotTree
 
 # Top-level folders the sandbox makes anew instead of showing the host's (/attempt holds
 # the attempt's folders; not /maka, which is the relay's own in a Pod).
@@ -396,6 +396,15 @@ def verifier_holder(
     )
 
 
+def end_together(*holders: Holder | None) -> None:
+    """End holders at once (all killed, then all reaped): their teardowns overlap."""
+    alive = [h for h in holders if h is not None]
+    for holder in alive:
+        holder.kill()
+    for holder in alive:
+        holder.end()
+
+
 @dataclass
 class Pair:
     """A subject's and a verifier's holders, made over `slot` (its mount points)."""
@@ -409,10 +418,7 @@ class Pair:
         return self.subject.alive() and self.verifier.alive()
 
     def end(self) -> None:
-        for holder in (self.subject, self.verifier):
-            holder.kill()
-        for holder in (self.subject, self.verifier):
-            holder.end()
+        end_together(self.subject, self.verifier)
 
 
 class NamespacePool:
@@ -480,9 +486,7 @@ class NamespacePool:
     def _clear(self, slots: list[str]) -> None:
         for slot in slots:
             try:
-                for point in mounts_under(slot):
-                    if point != slot:
-                        detach(point)
+                SlotTree.clear(slot)
             except OSError:
                 continue  # left out: the pool's close takes it down with the rest
             with self._cond:
@@ -564,6 +568,7 @@ __all__ = [
     "Pair",
     "Sources",
     "View",
+    "end_together",
     "make_holder",
     "seen_at",
     "subject_args",

@@ -137,6 +137,13 @@ class SlotTree:
                 detach(stage)
                 raise
 
+    @staticmethod
+    def clear(slot: str) -> None:
+        """Unmount whatever was attached under `slot` (the slot itself stays)."""
+        for point in mounts_under(slot):
+            if point != slot:
+                detach(point)
+
     def close(self) -> None:
         """Unmount everything of this process's slots and remove them."""
         for point in mounts_under(self.base):

@@ -52,6 +52,7 @@ from maka_eval.sandbox.holders import (
     NamespacePool,
     Sources,
     View,
+    end_together,
     make_holder,
     seen_at,
     subject_args,
@@ -354,11 +355,7 @@ class Namespaces(_Supervised):
         return sorted(found)
 
     def stop(self) -> None:
-        holders = [h for h in (self._subject, self._verifier) if h is not None]
-        for holder in holders:  # both die at once, then both are reaped
-            holder.kill()
-        for holder in holders:
-            holder.end()
+        end_together(self._subject, self._verifier)
         if self._slot is not None and self.pool is not None:
             self.pool.give_back(self._slot)  # nothing of the attempt is mounted there now
             self._slot = None
