@@ -373,3 +373,28 @@ def test_a_lower_bound_keeps_its_usage_but_has_no_cost():
 def test_a_valid_frame_with_usage_wins_over_metered_work():
     result = classify(V1, exited(0), frame(SubjectStatus.COMPLETED), REWARD, PARTIAL_WORK)
     assert result.usage == USAGE and result.cost_usd == 0.002
+
+
+@pytest.mark.parametrize(
+    ("execution", "verification"),
+    [
+        (exited(0), REWARD),  # the verifier said 1: its word is worth nothing now
+        (exited(0), NOT_VERIFIED),  # broke it on purpose: no retry for that
+        (Execution(ExecutionEnd.TIMED_OUT, timeout_sec=5), REWARD),
+        (Execution(ExecutionEnd.THREW, error="relay died"), NOT_VERIFIED),
+    ],
+)
+def test_a_subject_that_changed_the_verifiers_tools_fails_with_zero(execution, verification):
+    why = "/usr/bin/bash (modified)"
+    result = classify(EXIT, execution, NO_FRAME, verification, tampered=why)
+    assert result.status is AttemptStatus.SUBJECT_FAILED
+    assert result.score == 0.0
+    assert result.source is StatusSource.TAMPERING
+    assert result.reason is not None and why in result.reason
+
+
+def test_tampering_does_not_outrank_a_cancellation_or_a_full_disk():
+    cancelled = classify(EXIT, Execution(ExecutionEnd.CANCELLED), tampered="/bin/sh")
+    assert cancelled.status is AttemptStatus.CANCELLED
+    full = classify(EXIT, exited(0), NO_FRAME, REWARD, disk_full="/x", tampered="/bin/sh")
+    assert full.status is AttemptStatus.CANCELLED

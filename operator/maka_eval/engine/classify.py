@@ -158,8 +158,14 @@ def classify(
     verification: Verification = NOT_VERIFIED,
     metered: MeteredWork | None = None,
     disk_full: str | None = None,
+    tampered: str | None = None,
 ) -> Classification:
     """Apply the status rules to one attempt's evidence.
+
+    `tampered` says what the subject changed of the verifier's own start-up (its shell,
+    interpreter chain, loader, libraries): whatever the verifier then said, the attempt
+    is the subject's failure with score 0, never an infrastructure failure to retry (a
+    subject that breaks the verifier on purpose must not earn another try).
 
     `disk_full` names a folder the attempt needed whose file system was full when the
     attempt ended: whatever else happened, that is neither the subject's failure nor
@@ -186,6 +192,15 @@ def classify(
             cost,
             StatusSource.CANCELLATION,
             "the run was cancelled while the attempt ran",
+        )
+    if tampered is not None:
+        return Classification(
+            AttemptStatus.SUBJECT_FAILED,
+            0.0,
+            usage,
+            cost,
+            StatusSource.TAMPERING,
+            f"the subject changed what the verifier runs on: {tampered}",
         )
     if execution.end is ExecutionEnd.THREW:
         # Admitted work stays attributed, but an infrastructure failure is never a zero.

@@ -47,6 +47,9 @@ class StatusSource(StrEnum):
     CANCELLATION = "cancellation"
     HOST = "host"
     """The machine ran out of something the run needs (a full disk): the run stops."""
+    TAMPERING = "tampering"
+    """The subject changed what the verifier runs on (its shell, interpreter, loader or
+    libraries): the verifier's word cannot be trusted, the attempt is a failure."""
 
 
 class Trigger(StrEnum):

@@ -130,6 +130,11 @@ class AttemptLayout:
         return self.root / "logs" / "agent"
 
     @property
+    def evidence(self) -> Path:
+        """What the sandbox found for the record (files become `evidence/` artifacts)."""
+        return self.root / "evidence"
+
+    @property
     def egress(self) -> Path:
         """The policed sandbox's /etc/hosts and /etc/resolv.conf (shown read-only)."""
         return self.root / "egress"
@@ -248,6 +253,8 @@ class _Attempt:
         self.captures: dict[str, OutputCapture] = {}
         self.disk_full: str | None = None
         self.notes: list[str] = []
+        self.tampered: str | None = None
+        """What the subject changed of the verifier's start-up (the sandbox's finding)."""
         self.step_metrics: dict[str, float] = {}
         """A multi-step attempt's per-step rewards (`step.<name>.<key>`)."""
         self._rewards_read: list[tuple[Path, tuple[int, int, int, int] | None]] = []
@@ -277,6 +284,7 @@ class _Attempt:
             subject_dirs={str(layout.root / name): f"/{name}" for name in plan.subject.extra_dirs},
             hidden=plan.hidden,
             visible=plan.visible,
+            evidence_dir=str(layout.evidence),
         )
         network = self._network()
         if plan.container is not None:
@@ -795,6 +803,10 @@ class _Attempt:
                         str(self.layout.agent_logs),
                         self.plan.output_limit_bytes,
                     )
+            try:
+                self.tampered = self.sandbox.tampering()
+            except Exception as exc:  # the check is evidence; its failure is said
+                self.notes.append(f"what the subject changed could not be checked: {exc}")
             self.sandbox.stop()
             self._check_reward_unchanged()
         finally:
@@ -848,6 +860,7 @@ class _Attempt:
             if step.healthcheck is not None
         ]
         candidates.append(("result-frame.json", layout.frame_dir / "result.json"))
+        candidates += _files_as_artifacts(layout.evidence, "evidence", MAX_AGENT_FILES)
         candidates += _files_as_artifacts(
             layout.agent_logs, "agent", MAX_AGENT_FILES, self.plan.output_limit_bytes
         )
@@ -955,6 +968,7 @@ class _Attempt:
             verification,
             metered=recovery.metered,
             disk_full=self.disk_full,
+            tampered=self.tampered,
         )
         if self.plan.steps:
             # The steps interleave the phases: each phase's time is the sum over them.

@@ -60,6 +60,10 @@ class Layout:
     """Host folders no sandbox may see (the run folder, every workspace, the tasks)."""
     visible: Sequence[str] = ()
     """Host paths under a hidden folder the subject still needs (its own program)."""
+    evidence_dir: str | None = None
+    """Host folder where the sandbox leaves what it found for the record (e.g. the files
+    the subject changed outside its folders); its files become `evidence/<name>`
+    artifacts."""
 
     TESTS_PATH = "/tests"
     VERIFIER_LOGS_PATH = "/logs/verifier"
@@ -103,6 +107,12 @@ class Sandbox(Protocol):
     notes: list[str]
     """What the sandbox saw that the record should say (suspected tampering, a limit the
     engine could not enforce); read by the relay when the attempt is over."""
+
+    def tampering(self) -> str | None:
+        """After the verifier ran, before `stop`: what the subject changed of the
+        verifier's own start-up (shell, interpreter chain, loader, libraries), naming
+        the files; None when nothing (or when the backend leaves the subject no way to
+        change them). The attempt is then the subject's failure with score 0."""
 
     def start(self) -> None:
         """Make the sandbox (before the subject, after the workspace is prepared)."""

@@ -1192,6 +1192,9 @@ class ContainerSandbox:
     def processes(self) -> list[int]:
         return sorted(self.supervisor.members([], self.attempt_id))
 
+    def tampering(self) -> str | None:
+        return None
+
     def stop(self) -> None:
         """Freeze every process of the container and remove it in the background (at once
         if it cannot be paused); end the helpers."""

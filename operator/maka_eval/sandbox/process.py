@@ -98,6 +98,11 @@ class _Supervised:
     def path_of(self, phase: Phase, host_path: str) -> str:
         return host_path
 
+    def tampering(self) -> str | None:
+        """The machine's files are out of a subject's reach here (read-only in the
+        namespaces; with no isolation, nothing is claimed)."""
+        return None
+
     def _host_of(self, path: str) -> str:
         """The host path of what the sandbox shows at `path`."""
         return path
