@@ -9,14 +9,9 @@ cost, a note naming it); a stream without usage (a lower bound, no cost).
 
 from __future__ import annotations
 
-import functools
 import os
-import shutil
-import subprocess
 import sys
 import sysconfig
-from importlib.metadata import version
-from pathlib import Path
 
 import pytest
 
@@ -31,34 +26,11 @@ from tests.helpers import REWARD_ONE, make_task, spec, write_experiment
 pytestmark = POLICED
 
 
-@functools.cache
 def _sdk_site() -> str:
-    """Where the subjects import the SDKs from: this checkout's site-packages, unless it
-    lies under /tmp, which the process sandbox replaces with a private tmpfs (a checkout
-    cloned under /tmp); then the same SDK versions installed once, cached, outside /tmp."""
-    own = sysconfig.get_paths()["purelib"]
-    if not Path(own).resolve().is_relative_to("/tmp"):
-        return own
-    wanted = [f"{name}=={version(name)}" for name in ("openai", "anthropic")]
-    cache = Path.home() / ".cache" / "maka-eval" / ("sdk-site-" + "-".join(wanted))
-    if not (cache / ".complete").exists():
-        shutil.rmtree(cache, ignore_errors=True)
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "pip",
-                "install",
-                "-q",
-                "--disable-pip-version-check",
-                "--target",
-                str(cache),
-                *wanted,
-            ],
-            check=True,
-        )
-        (cache / ".complete").touch()
-    return str(cache)
+    """Where the subjects import the SDKs from: this checkout's site-packages. The
+    process sandbox shows a program's whole virtualenv (local.plans.program_view), here
+    or under /tmp alike."""
+    return sysconfig.get_paths()["purelib"]
 
 
 GPT = "gpt-4o-2024-08-06"

@@ -296,6 +296,7 @@ def attempt_plan(
         visible=(launch.argv[0].rsplit("/", 1)[0],)
         if launch.argv[0].startswith(BENCHMARK_DIR)
         else (),
+        in_task_image=True,
         task_dir=task_dir,
         egress=egress,
         metering=metering,

@@ -7,7 +7,7 @@ from pathlib import Path
 from maka_eval.egress.policy import EgressPolicy
 from maka_eval.engine.expand import Cell
 from maka_eval.engine.launch import SOLUTION_DIR_NAME, subject_launch
-from maka_eval.local.prerequisites import ResolvedCommands
+from maka_eval.local.prerequisites import RUNTIME_HOST, ResolvedCommands
 from maka_eval.relay.plan import (
     AttemptPlan,
     ContainerPlan,
@@ -15,6 +15,7 @@ from maka_eval.relay.plan import (
     step_plans,
 )
 from maka_eval.sandbox.container import build_tag
+from maka_eval.sandbox.holders import SYSTEM_FOLDERS
 from maka_eval.spec.egress import policy_of
 from maka_eval.spec.experiment import Experiment
 from maka_eval.spec.subjects import ExternalSubject, MakaSubject, Subject
@@ -42,6 +43,7 @@ def attempt_plan(
     host = spec.runtime_host
     in_container = task.id in commands.containers
     program = commands.subjects.get(subject.id)
+    spelled = commands.spelled.get(RUNTIME_HOST if isinstance(subject, MakaSubject) else subject.id)
     named = _named_command(subject, host.command if host is not None else None)
     upload: str | None = None
     if in_container and named is not None:
@@ -104,11 +106,39 @@ def attempt_plan(
         output_limit_bytes=spec.execution.max_output_bytes,
         isolation="container" if container is not None else commands.isolation,
         hidden=hidden,
-        # The subject's own program stays visible, wherever it lives.
-        visible=(str(Path(launch.argv[0]).parent),) if "/" in launch.argv[0] else (),
+        visible=program_view(launch.argv[0], hidden, spelled),
         container=container,
         egress=egress if mode == "proxy" else None,
     )
+
+
+def program_view(
+    program: str, hidden: tuple[str, ...], spelled: Path | None = None
+) -> tuple[str, ...]:
+    """What of this machine a subject sees besides its runtime folders: its program's
+    folder (a virtualenv's whole folder for a program in its bin/), or the program
+    alone when that folder holds something hidden (the tasks, the run or work folder:
+    an agent script beside the benchmark it is measured on). Nothing for a program in
+    the runtime folders (/usr/bin/...) or found by name. `spelled` is the program as
+    the spec named it, links kept (a virtualenv's bin/python links to /usr/bin): it is
+    shown the same way."""
+    shown: list[str] = []
+    for path in (Path(program), spelled):
+        if path is None or "/" not in str(path):
+            continue
+        folder = path.parent
+        if (folder.parent / "pyvenv.cfg").is_file():
+            folder = folder.parent
+        if any(_under(str(folder), f"/{name}") for name in SYSTEM_FOLDERS):
+            continue
+        view = str(path) if any(_under(h, str(folder)) for h in hidden) else str(folder)
+        if view not in shown:
+            shown.append(view)
+    return tuple(shown)
+
+
+def _under(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip("/") + "/")
 
 
 def egress_mode(experiment: Experiment, task: TaskDefinition) -> str | None:

@@ -10,13 +10,14 @@ import os
 import shutil
 import tempfile
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from maka_eval.egress.proxy import mitmdump_path
 from maka_eval.errors import PrerequisiteError, Problem
 from maka_eval.local.netns import enforcement_unavailable
 from maka_eval.sandbox.container import EngineInfo, engine_info
+from maka_eval.sandbox.holders import runtime_path
 from maka_eval.sandbox.process import namespaces_unavailable
 from maka_eval.spec.egress import EgressConfig
 from maka_eval.spec.experiment import Experiment, LocalExecutor, Task
@@ -47,12 +48,18 @@ def resolve_command(command: str, base_dir: Path, path_env: str | None) -> Path 
     return Path(found) if found else None
 
 
-def _command_problem(command: str, where: str, base_dir: Path) -> Problem:
+def _command_problem(command: str, where: str, base_dir: Path, isolation: str = "none") -> Problem:
     if "/" in command:
         path = Path(command) if os.path.isabs(command) else base_dir / command
         if path.is_file():
             return Problem(where, f"{path} is not executable; chmod +x it")
         return Problem(where, f"{path} does not exist (relative paths start at {base_dir})")
+    if isolation == "namespaces":
+        return Problem(
+            where,
+            f"'{command}' is not on PATH (its folders that the process sandbox shows: /usr, "
+            "/bin, ...; a user's own folders are not); install it there or give its path",
+        )
     return Problem(where, f"'{command}' is not on PATH; install it or give its path")
 
 
@@ -72,6 +79,10 @@ class ResolvedCommands:
     """The container engine found (whether or not any task needs it)."""
     engine_search: str = ""
     """What the engine search found or tried, for `validate` to say."""
+    spelled: Mapping[str, Path] = field(default_factory=dict)
+    """Subject id -> its program as the spec names it by path, made absolute but with
+    its links kept (a virtualenv's bin/python, a link to an agent elsewhere): what the
+    process sandbox shows besides the resolved program (local.plans.program_view)."""
 
 
 def resolve_isolation(asked: str) -> str:
@@ -105,7 +116,11 @@ def check_prerequisites(
             ],
         )
     base = loaded.base_dir
+    isolation = resolve_isolation(executor.config.isolation)
     path_env = host_env.get("PATH")
+    if isolation == "namespaces":
+        # A program named without a path is looked for where the sandbox shows it.
+        path_env = runtime_path(path_env)
     problems: list[Problem] = []
     commands: dict[str, Path] = {}
     probe = engine_info(host_env)
@@ -117,12 +132,17 @@ def check_prerequisites(
     host_needed = any(task.id not in containers for task in spec.tasks)
 
     host_path: Path | None = None
+    spelled: dict[str, Path] = {}
     host = executor.config.runtime_host
     if host is not None:
         host_path = resolve_command(host.command, base, path_env)
+        if host_path is not None and "/" in host.command:
+            spelled[RUNTIME_HOST] = _spelled(host.command, base)
         if host_path is None and (host_needed or "/" in host.command):
             problems.append(
-                _command_problem(host.command, f"{prefix}executor.config.runtimeHost.command", base)
+                _command_problem(
+                    host.command, f"{prefix}executor.config.runtimeHost.command", base, isolation
+                )
             )
 
     for i, subject in enumerate(spec.subjects):
@@ -141,8 +161,12 @@ def check_prerequisites(
             resolved = resolve_command(command, base, path_env)
             if resolved is not None:
                 commands[subject.id] = resolved
+                if "/" in command:
+                    spelled[subject.id] = _spelled(command, base)
             elif host_needed or "/" in command:
-                problems.append(_command_problem(command, f"{where}.config.command", base))
+                problems.append(
+                    _command_problem(command, f"{where}.config.command", base, isolation)
+                )
         elif isinstance(subject, MakaSubject) and host_path is not None:
             commands[subject.id] = host_path
         elif isinstance(subject, OracleSubject):
@@ -202,11 +226,20 @@ def check_prerequisites(
     return ResolvedCommands(
         commands,
         host_path,
-        resolve_isolation(executor.config.isolation),
+        isolation,
         containers=frozenset(containers),
         engine=probe.engine,
         engine_search=probe.engine.describe() if probe.engine else probe.why_none(),
+        spelled=spelled,
     )
+
+
+RUNTIME_HOST = ""
+"""The key of the Runtime Host's program in `ResolvedCommands.spelled`."""
+
+
+def _spelled(command: str, base_dir: Path) -> Path:
+    return Path(os.path.abspath(command if os.path.isabs(command) else base_dir / command))
 
 
 def _task_sandboxes(

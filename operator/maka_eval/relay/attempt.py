@@ -44,6 +44,7 @@ from maka_eval.relay.environment import (
     hosts_file,
     resolve_credentials,
     subject_environment,
+    verifier_environment,
 )
 from maka_eval.relay.frame import MAX_FRAME_BYTES, read_frame
 from maka_eval.relay.gate import PROBE_TIMEOUT_SEC, probe_argv, read_evidence, refusal
@@ -59,7 +60,7 @@ from maka_eval.relay.processes import CancelToken, ProcessSupervisor, WaitEnd
 from maka_eval.relay.steps import StepOutcome
 from maka_eval.relay.verifier import read_reward
 from maka_eval.sandbox.base import Isolation, Layout, Network, Phase, Sandbox
-from maka_eval.sandbox.holders import NamespacePool
+from maka_eval.sandbox.holders import NamespacePool, runtime_path
 from maka_eval.sandbox.process import interpreted, make_sandbox
 
 LOW_DISK_BYTES = 1 << 20
@@ -128,6 +129,15 @@ class AttemptLayout:
     @property
     def agent_logs(self) -> Path:
         return self.root / "logs" / "agent"
+
+    @property
+    def verifier_home(self) -> Path:
+        """The verifier's HOME where the sandbox has no private one (plain processes)."""
+        return self.root / "verifier" / "home"
+
+    @property
+    def verifier_tmp(self) -> Path:
+        return self.root / "verifier" / "tmp"
 
     @property
     def evidence(self) -> Path:
@@ -284,6 +294,9 @@ class _Attempt:
             subject_dirs={str(layout.root / name): f"/{name}" for name in plan.subject.extra_dirs},
             hidden=plan.hidden,
             visible=plan.visible,
+            in_task_image=plan.in_task_image,
+            verifier_home=str(layout.verifier_home),
+            verifier_tmp=str(layout.verifier_tmp),
             evidence_dir=str(layout.evidence),
         )
         network = self._network()
@@ -359,11 +372,14 @@ class _Attempt:
             (layout.egress / "hosts").write_text(hosts_file(pinned), encoding="utf-8")
             (layout.egress / "resolv.conf").write_text(RESOLV_CONF, encoding="utf-8")
         self.credentials = resolve_credentials(plan.subject.credentials, self.host_env)
+        shows_runtime = self.sandbox.isolation is Isolation.NAMESPACES and not plan.in_task_image
         self.base_env = base_environment(
             attempt_id=plan.attempt_id,
             home=self._inside(Phase.SUBJECT, layout.home),
             tmp=self._inside(Phase.SUBJECT, layout.tmp),
             host_env=self.host_env,
+            # Only the machine's runtime folders are there to search.
+            path=runtime_path(self.host_env.get("PATH")) if shows_runtime else None,
         )
 
     def _capture(self, prefix: str) -> tuple[OutputCapture, OutputCapture]:
@@ -515,7 +531,11 @@ class _Attempt:
         _make_executable(script)
         inside = functools.partial(self._inside, Phase.VERIFIER)
         timeout = step.verifier_timeout_sec if step is not None else plan.verifier_timeout_sec
-        env = dict(step.verifier_env if step is not None else plan.verifier_env)
+        env = verifier_environment(
+            self.base_env,
+            step.verifier_env if step is not None else plan.verifier_env,
+            self.sandbox.verifier_dirs(),
+        )
         env.update(
             {
                 "MAKA_EVAL_WORKSPACE": inside(layout.workspace),
@@ -526,7 +546,6 @@ class _Attempt:
         )
         if plan.egress is not None and plan.egress.verifier_uses_proxy:
             env.update(self._egress_environment(Phase.VERIFIER, plan.egress))
-        env.update(self.base_env)
         out, err = self._capture(f"steps/{step.name}/verifier" if step else "verifier")
         try:
             proc = self.sandbox.spawn(

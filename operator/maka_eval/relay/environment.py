@@ -26,11 +26,12 @@ class MissingCredential(Exception):
 
 
 def base_environment(
-    *, attempt_id: str, home: str, tmp: str, host_env: Mapping[str, str]
+    *, attempt_id: str, home: str, tmp: str, host_env: Mapping[str, str], path: str | None = None
 ) -> dict[str, str]:
-    """What every process of the attempt gets."""
+    """What every process of the attempt gets (`path`: the PATH the sandbox can serve,
+    else the relay's own)."""
     return {
-        "PATH": host_env.get("PATH") or DEFAULT_PATH,
+        "PATH": path or host_env.get("PATH") or DEFAULT_PATH,
         "HOME": home,
         "TMPDIR": tmp,
         **FIXED_ENV,
@@ -60,6 +61,32 @@ def subject_environment(
     env.update(credentials)
     env.update(attempt_vars)
     env.update(base)  # fixed values last: a spec cannot override them
+    return env
+
+
+VERIFIER_PYTHON = {"PYTHONSAFEPATH": "1", "PYTHONNOUSERSITE": "1"}
+"""Python in the verifier puts neither its working folder (the subject's workspace) nor
+the script's folder on the module path, and reads no user site-packages: a json.py or a
+usercustomize.py the subject planted is never imported."""
+
+
+def verifier_environment(
+    base: Mapping[str, str],
+    task_env: Mapping[str, str],
+    own_dirs: tuple[str, str] | None,
+) -> dict[str, str]:
+    """The verifier's environment, built from nothing: the task's [verifier].env, then
+    the fixed values (PATH, DEBIAN_FRONTEND, TZ, the attempt's marker), its own HOME and
+    TMPDIR (`own_dirs`, from the sandbox; never the subject's) and VERIFIER_PYTHON. No
+    credential: none is in `base` or in the task's files."""
+    env = dict(task_env)
+    env.update(base)
+    if own_dirs is None:  # the backend sets its own
+        env.pop("HOME", None)
+        env.pop("TMPDIR", None)
+    else:
+        env["HOME"], env["TMPDIR"] = own_dirs
+    env.update(VERIFIER_PYTHON)
     return env
 
 

@@ -205,7 +205,11 @@ class AttemptPlan:
     hidden: tuple[str, ...] = ()
     """Host folders the sandbox hides (the run folder, all workspaces, the tasks)."""
     visible: tuple[str, ...] = ()
-    """Host paths under a hidden folder that the subject still needs (its program)."""
+    """Host paths the subject still needs besides the machine's runtime (its program)."""
+    in_task_image: bool = False
+    """The relay runs inside the task's own image (a Pod): the process sandbox shows
+    that image's folders but the hidden ones, where on a machine of its own it shows
+    only the runtime folders (/usr, /etc, ...)."""
     task_dir: str | None = None
     """Read the task's own settings (task.toml timeouts and environments, environment/
     folder) from this task directory when the relay starts: in a Pod the operator cannot

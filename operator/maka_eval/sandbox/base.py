@@ -59,7 +59,15 @@ class Layout:
     hidden: Sequence[str] = ()
     """Host folders no sandbox may see (the run folder, every workspace, the tasks)."""
     visible: Sequence[str] = ()
-    """Host paths under a hidden folder the subject still needs (its own program)."""
+    """Host paths the subject needs besides the machine's runtime (its own program)."""
+    in_task_image: bool = False
+    """The machine is the task's own image (the relay in a Pod): its folders are shown
+    but the hidden ones (else only the runtime folders are)."""
+    verifier_home: str | None = None
+    """Host folder for the verifier's HOME where the backend has no private one of its
+    own (plain processes); made empty before each verifier."""
+    verifier_tmp: str | None = None
+    """Likewise for its TMPDIR."""
     evidence_dir: str | None = None
     """Host folder where the sandbox leaves what it found for the record (e.g. the files
     the subject changed outside its folders); its files become `evidence/<name>`
@@ -107,6 +115,11 @@ class Sandbox(Protocol):
     notes: list[str]
     """What the sandbox saw that the record should say (suspected tampering, a limit the
     engine could not enforce); read by the relay when the attempt is over."""
+
+    def verifier_dirs(self) -> tuple[str, str] | None:
+        """HOME and TMPDIR of the verifier as it sees them: its own, not the subject's
+        (no ~/.local site-packages, dotfiles or temp files the subject planted); None
+        when the backend sets them itself."""
 
     def tampering(self) -> str | None:
         """After the verifier ran, before `stop`: what the subject changed of the

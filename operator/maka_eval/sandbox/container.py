@@ -1192,6 +1192,10 @@ class ContainerSandbox:
     def processes(self) -> list[int]:
         return sorted(self.supervisor.members([], self.attempt_id))
 
+    def verifier_dirs(self) -> tuple[str, str] | None:
+        """The container's own (HOME and TMPDIR from the relay are not passed in)."""
+        return None
+
     def tampering(self) -> str | None:
         return None
 

@@ -21,6 +21,7 @@ import contextlib
 import os
 import select
 import signal
+import stat
 import subprocess
 import threading
 import time
@@ -34,9 +35,16 @@ from maka_eval.relay.processes import ProcessSupervisor
 from maka_eval.sandbox.base import Layout, Network
 from maka_eval.sandbox.mounts import SlotTree
 
-# Top-level folders the sandbox makes anew instead of showing the host's (/attempt holds
-# the attempt's folders; not /maka, which is the relay's own in a Pod).
-_FRESH = frozenset({"proc", "dev", "tmp", "run", "lost+found", "attempt"})
+SYSTEM_FOLDERS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc")
+"""The machine's top-level folders a sandbox shows (read-only): its runtime, nothing
+else. Not /home, /root, /srv, /opt, /var, /mnt, /sys or any folder that may hold a
+benchmark's repository, a run folder, or a user's files."""
+_FRESH = frozenset({"proc", "dev", "tmp", "run", "lost+found", "attempt", "logs"})
+"""In a task image's view (a Pod): top-level folders made anew instead of shown (/attempt
+holds the attempt's folders; not /maka, which is the relay's own in a Pod)."""
+CLEAN_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
+"""The whole environment of a holder (bubblewrap and its init, PID 1 of the sandbox):
+nothing of the executor's, whose environment holds every subject's credentials."""
 HOLDER_START_TIMEOUT = 10.0
 OUTER_EXIT_TIMEOUT = 2.0
 """How long the outer bubblewrap may take to reap its killed init and exit."""
@@ -49,6 +57,11 @@ INSTRUCTION_PATH = "/attempt/instruction.md"
 FRAME_PATH = "/attempt/frame"
 POOL_MOST = 8
 """The most pairs a pool keeps ready per view."""
+VERIFIER_HOME = "/tmp/home"
+"""The verifier's HOME, in its own /tmp (a tmpfs of its mount namespace alone): nothing
+the subject wrote is on its way (no ~/.local site-packages, no dotfiles)."""
+VERIFIER_TMP = "/tmp"
+"""The verifier's TMPDIR: its own /tmp."""
 
 
 @dataclass(frozen=True)
@@ -64,6 +77,10 @@ class View:
     """Whether the subject gets a result-frame folder (protocol v1)."""
     subject_dirs: tuple[str, ...]
     """Where the subject's extra folders are seen (the oracle's /solution)."""
+    image: bool = False
+    """Whether the machine is the task's own image (the relay in a Pod): then every
+    folder of it is shown but the hidden ones; else (this machine) only its runtime
+    folders, SYSTEM_FOLDERS."""
 
 
 @dataclass(frozen=True)
@@ -143,8 +160,39 @@ def seen_at(lay: Layout) -> dict[str, str]:
 
 
 @cache
-def _root_binds() -> tuple[str, ...]:
-    """The host's top-level folders, read-only (symlinks kept as symlinks)."""
+def _system_binds() -> tuple[str, ...]:
+    """The machine's runtime folders, read-only (symlinks kept as symlinks), and in /etc
+    a mask over everything an unprivileged user could not read."""
+    args: list[str] = []
+    for name in SYSTEM_FOLDERS:
+        path = f"/{name}"
+        if os.path.islink(path):
+            args += ["--symlink", os.readlink(path), path]
+        elif os.path.isdir(path):
+            args += ["--ro-bind", path, path]
+    for path, is_dir in unreadable_files("/etc"):
+        if is_dir:
+            args += ["--tmpfs", path, "--remount-ro", path]
+        else:
+            args += ["--ro-bind", "/dev/null", path]
+    return tuple(args)
+
+
+def runtime_path(path: str | None) -> str:
+    """`path` (a PATH) without the folders a sandbox on this machine does not show (a
+    user's ~/.local/bin, pyenv's shims in /root, /opt/...): what a program is looked for
+    in, by the executor and inside the sandbox alike."""
+    kept = [
+        entry
+        for entry in (path or "").split(":")
+        if entry.startswith("/") and any(_inside(entry, f"/{n}") for n in SYSTEM_FOLDERS)
+    ]
+    return ":".join(dict.fromkeys(kept)) or CLEAN_ENV["PATH"]
+
+
+@cache
+def _image_binds() -> tuple[str, ...]:
+    """A task image's top-level folders, read-only (symlinks kept as symlinks)."""
     args: list[str] = []
     for name in sorted(os.listdir("/")):
         path = f"/{name}"
@@ -157,6 +205,27 @@ def _root_binds() -> tuple[str, ...]:
     return tuple(args)
 
 
+def unreadable_files(root: str) -> list[tuple[str, bool]]:
+    """(path, is a folder) of what under `root` others may not read: shadow files,
+    private keys, sudoers, keytabs -- the machine's credentials, which a root subject
+    could otherwise read. A masked folder's content is not listed again."""
+    found: list[tuple[str, bool]] = []
+    for folder, dirs, files in os.walk(root, followlinks=False):
+        for name in sorted(dirs):
+            path = os.path.join(folder, name)
+            with contextlib.suppress(OSError):
+                if not os.lstat(path).st_mode & stat.S_IROTH:
+                    found.append((path, True))
+        dirs[:] = [d for d in dirs if (os.path.join(folder, d), True) not in found]
+        for name in sorted(files):
+            path = os.path.join(folder, name)
+            with contextlib.suppress(OSError):
+                mode = os.lstat(path).st_mode
+                if stat.S_ISREG(mode) and not mode & stat.S_IROTH:
+                    found.append((path, False))
+    return found
+
+
 def _etc_target(path: str) -> str:
     """Where to mount over a file of /etc: its target when it is a link (e.g. into /run,
     which the sandbox makes anew)."""
@@ -164,19 +233,30 @@ def _etc_target(path: str) -> str:
 
 
 def _common(view: View, src: Sources, network: Network | None) -> list[str]:
-    args = [*_root_binds(), "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/run"]
-    if os.path.isdir("/logs"):
-        # This machine's own /logs is not the task's, and read-only it would leave
-        # no room for /logs/agent and /logs/verifier.
-        args += ["--tmpfs", "/logs"]
+    if view.image:
+        # The relay in a task image (a Pod): the image is the task's machine, shown
+        # whole but for the relay's own hidden folders.
+        args = [*_image_binds(), "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/run"]
+    else:
+        # This machine: an allowlist, its runtime and fresh /proc, /dev, /run, /var;
+        # everything else of it is simply not there (nothing is mounted over it, so the
+        # mount table names nothing the host hides).
+        args = [*_system_binds(), "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/run"]
+        args += ["--tmpfs", "/var", "--perms", "1777", "--dir", "/var/tmp"]
     # /tmp is the attempt's own, in memory and capped: filling it hurts no one else.
     args += ["--size", str(TMP_BYTES), "--tmpfs", "/tmp"]
-    mounts = [(hidden, ["--tmpfs", hidden]) for hidden in view.hidden if os.path.isdir(hidden)]
-    mounts += [(p, ["--ro-bind", p, p]) for p in view.visible if os.path.exists(p)]
+    # The subject's own program, read-only at its host path (on this machine the plan
+    # shows its folder only when that holds nothing hidden: local.plans.program_view);
+    # a hidden folder inside what is shown is masked.
+    mounts = [(p, ["--ro-bind", p, p]) for p in view.visible if os.path.exists(p)]
+    mounts += [
+        (hidden, ["--tmpfs", hidden, "--remount-ro", hidden])
+        for hidden in view.hidden
+        if os.path.isdir(hidden) and (view.image or any(_inside(hidden, p) for p in view.visible))
+    ]
     # Outer folders first (hidden before visible at the same depth): a visible folder
-    # that holds a hidden one -- the program's folder around the run folder or the
-    # work folder -- must not show it again.
-    for _, mount in sorted(mounts, key=lambda m: len(Path(m[0]).parts)):
+    # that holds a hidden one must not show it again.
+    for _, mount in sorted(mounts, key=lambda m: (len(Path(m[0]).parts), "--ro-bind" in m[1])):
         args += mount
     args += ["--bind", src.workspace, WORKSPACE_PATH]
     args += ["--bind", src.home, HOME_PATH, "--bind", src.tmp, TMP_PATH]
@@ -202,12 +282,18 @@ def subject_args(view: View, src: Sources, network: Network | None) -> list[str]
 
 
 def verifier_args(view: View, src: Sources, network: Network | None) -> list[str]:
-    """What the verifier's holder shows: the tests and its own logs besides the rest."""
+    """What the verifier's holder shows: the tests and its own logs besides the rest,
+    and its own HOME in its own /tmp."""
     return [
         *_common(view, src, network),
+        *("--perms", "0700", "--dir", VERIFIER_HOME),
         *("--bind", src.tests, Layout.TESTS_PATH),
         *("--bind", src.verifier_logs, Layout.VERIFIER_LOGS_PATH),
     ]
+
+
+def _inside(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip("/") + "/")
 
 
 OWN_NAMESPACES = ("--unshare-pid", "--unshare-ipc", "--unshare-uts")
@@ -367,6 +453,7 @@ def make_holder(
             stderr=subprocess.PIPE,
             pass_fds=(write,),
             start_new_session=True,
+            env=CLEAN_ENV,
         )
     except OSError:
         os.close(read)

@@ -48,6 +48,8 @@ from maka_eval.sandbox.base import Isolation, Layout, Network, Phase, mapped
 from maka_eval.sandbox.files import copy_into, copy_out, copy_path_out
 from maka_eval.sandbox.holders import (
     OWN_NAMESPACES,
+    VERIFIER_HOME,
+    VERIFIER_TMP,
     Holder,
     NamespacePool,
     Sources,
@@ -97,6 +99,16 @@ class _Supervised:
 
     def path_of(self, phase: Phase, host_path: str) -> str:
         return host_path
+
+    def verifier_dirs(self) -> tuple[str, str] | None:
+        """Made empty now, on the host (nothing is hidden here: see Namespaces)."""
+        lay = self.layout
+        if lay.verifier_home is None or lay.verifier_tmp is None:
+            raise OSError("the layout has no folders for the verifier's HOME and TMPDIR")
+        for folder in (lay.verifier_home, lay.verifier_tmp):
+            shutil.rmtree(folder, ignore_errors=True)
+            Path(folder).mkdir(parents=True, mode=0o700)
+        return lay.verifier_home, lay.verifier_tmp
 
     def tampering(self) -> str | None:
         """The machine's files are out of a subject's reach here (read-only in the
@@ -230,8 +242,14 @@ class Namespaces(_Supervised):
             visible=tuple(lay.visible),
             frame=lay.frame_dir is not None,
             subject_dirs=tuple(sorted(lay.subject_dirs.values())),
+            image=lay.in_task_image,
         )
         self._sources = Sources.of(layout)
+
+    def verifier_dirs(self) -> tuple[str, str] | None:
+        """In the verifier's own /tmp, a tmpfs of its mount namespace (a step's next
+        verifier gets new ones with its new holder)."""
+        return VERIFIER_HOME, VERIFIER_TMP
 
     def path_of(self, phase: Phase, host_path: str) -> str:
         """The attempt's folders are seen at fixed places (/attempt/workspace, /tests, ...);
