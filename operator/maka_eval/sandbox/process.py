@@ -20,7 +20,7 @@ Two ways, chosen per attempt:
   namespaces are made inside the executor's network namespace instead of a new one,
   /etc/hosts pins the proxy's name, /etc/resolv.conf names no resolver, and the proxy's
   CA certificate is shown read-only.
-- The subject, root or not, holds only `SUBJECT_CAPS` (Docker's default set without
+- The subject and the verifier, root or not, hold only `SUBJECT_CAPS` (Docker's default set without
   CAP_NET_RAW and CAP_MKNOD), limited by setpriv as it is entered: no CAP_NET_ADMIN or
   CAP_NET_RAW (around the egress policy), no CAP_SYS_ADMIN (setns, unshare, mount: a
   root subject could remount the host's files read-write), no CAP_DAC_READ_SEARCH
@@ -339,10 +339,12 @@ class Namespaces(_Supervised):
         namespaces = ("--pid", "--mount", "--ipc", "--uts", "--net")
         inside = self.path_of(phase, cwd)  # a folder of the layout, named either way
         command = ["nsenter", "--target", str(target), *namespaces, "-r", f"--wdns={inside}", "--"]
-        if phase is Phase.SUBJECT:
-            keep = "".join(f",+{cap}" for cap in SUBJECT_CAPS)
-            command += ["setpriv", "--inh-caps=-all", "--ambient-caps=-all"]
-            command += [f"--bounding-set=-all{keep}", "--"]
+        # The subject and the verifier alike: the verifier runs the task's tests in what
+        # the subject left, and nothing it runs may undo the sandbox (mount, setns, raw
+        # sockets, devices).
+        keep = "".join(f",+{cap}" for cap in SUBJECT_CAPS)
+        command += ["setpriv", "--inh-caps=-all", "--ambient-caps=-all"]
+        command += [f"--bounding-set=-all{keep}", "--"]
         command += argv
         host_cwd = self._host_of(inside)
         proc = self.supervisor.spawn(

@@ -1,0 +1,204 @@
+"""Credentials, attacked for real in the process sandbox (namespaces), with and without
+a policed network: a subject that wants another arm's API key, or anything of the
+executor's environment, and a verifier that must not hold any credential.
+
+The credentials are exported in the executor's own environment, as a user who runs
+`export OPENAI_API_KEY=... ; maka-eval run ...` has them. What the spy finds it writes out
+base64-encoded, which redaction cannot recognise: the tests decode it, so they check what
+the spy could read, not what redaction caught afterwards.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from maka_eval.sandbox.process import namespaces_unavailable
+from maka_eval.store.run_store import artifact_path, read_run
+from tests.egress.policing import WHY_NOT as CANNOT_POLICE
+from tests.helpers import REWARD_ONE, spec
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        namespaces_unavailable() is not None,
+        reason=f"the namespace sandbox cannot run here: {namespaces_unavailable()}",
+    ),
+]
+
+SECRET_A = "sk-spy-own-0123456789abcdef0123"
+SECRET_B = "sk-victim-fedcba9876543210fedc"
+HOST_SECRET = "aws-host-only-5f4e3d2c1b0a99887766"
+"""In the executor's environment, declared by no subject."""
+ISOLATED = {"kind": "local", "config": {"isolation": "namespaces"}}
+POLICED = {
+    "kind": "local",
+    "config": {"isolation": "namespaces", "sandbox": "process", "egress": {"mode": "proxy"}},
+}
+
+SPY = Path(__file__).with_name("programs") / "spy.py"
+"""Reads everything that could carry an environment and writes it out base64-encoded."""
+VICTIM = "import time; time.sleep(4)"
+
+# The verifier (trusted, but it must hold no credential): its whole environment, every
+# environ it can read, base64 on its stdout; reward 1 regardless.
+VERIFIER_SPY = (
+    "#!/bin/sh\n"
+    '{ env; for f in /proc/[0-9]*/environ; do cat "$f"; echo; done; } 2>/dev/null'
+    " | base64 -w0 | sed 's/^/VLOOT:/'\n"
+    "echo\n" + REWARD_ONE.split("\n", 1)[1]
+)
+
+
+def _export(monkeypatch) -> dict[str, str]:
+    for name, value in (("KEY_A", SECRET_A), ("KEY_B", SECRET_B), ("AWS_SECRET", HOST_SECRET)):
+        monkeypatch.setenv(name, value)
+    return dict(os.environ)
+
+
+def _subjects(tmp_path: Path) -> list[dict]:
+    agents = tmp_path / "agents"
+    agents.mkdir(exist_ok=True)
+    program = agents / SPY.name
+    shutil.copy2(SPY, program)
+    spy = {
+        "id": "spy",
+        "kind": "external",
+        "credentials": ["KEY_A"],
+        "config": {"command": str(program), "args": ["--linger"]},
+    }
+    victim = {
+        "id": "victim",
+        "kind": "external",
+        "credentials": ["KEY_B"],
+        "config": {"command": "python3", "args": ["-c", VICTIM]},
+    }
+    return [spy, victim]
+
+
+def _decoded(text: str, marker: str) -> bytes:
+    out = b""
+    for match in re.finditer(re.escape(marker) + r"([A-Za-z0-9+/=]*)", text):
+        out += base64.b64decode(match.group(1) + "=" * (-len(match.group(1)) % 4))
+    return out
+
+
+def _artifact(run_dir: Path, cell: str, name: str) -> str:
+    record = read_run(run_dir).attempts(cell)[-1]
+    if name not in {a.name for a in record.result.artifacts}:
+        return ""
+    return artifact_path(run_dir, record, name).read_text(errors="replace")
+
+
+def _spy_loot(run_dir: Path) -> bytes:
+    loot = _decoded(_artifact(run_dir, "t1::1::spy", "subject.stdout"), "LOOT:")
+    loot += base64.b64decode(_artifact(run_dir, "t1::1::spy", "agent/loot.b64") or b"")
+    assert loot, "the spy read nothing: the attack did not run"
+    return loot
+
+
+def _run(setup, monkeypatch, tmp_path, executor) -> tuple[Path, bytes]:
+    env = _export(monkeypatch)
+    doc = spec(
+        subjects=_subjects(tmp_path), executor=executor, execution={"maxConcurrentTaskGroups": 1}
+    )
+    s = setup(doc, {"t1": {"test_sh": VERIFIER_SPY}})
+    s.run(host_env=env)
+    return s.run_dir, _spy_loot(s.run_dir)
+
+
+@pytest.mark.parametrize("executor", [ISOLATED, POLICED], ids=["namespaces", "policed"])
+def test_no_process_a_subject_can_see_carries_another_credential(
+    setup, monkeypatch, tmp_path, executor
+):
+    if executor is POLICED and CANNOT_POLICE is not None:
+        pytest.skip(f"cannot police a cell here: {CANNOT_POLICE}")
+    _, loot = _run(setup, monkeypatch, tmp_path, executor)
+    # PID 1 of the sandbox, every process, files: neither the other arm's key nor the
+    # executor's environment. Its own key it has, in its own environment only.
+    assert SECRET_B.encode() not in loot
+    assert HOST_SECRET.encode() not in loot
+    assert b"MAKA_EVAL_WORK_DIR" not in loot  # nothing of the executor's environment
+    assert b"/proc/1/environ=" in loot  # it did read PID 1's environment
+    pid1 = loot.split(b"/proc/1/environ=", 1)[1].split(b"\n", 1)[0]
+    assert SECRET_A.encode() not in pid1  # not even its own key: PID 1 is bubblewrap
+
+
+@pytest.mark.parametrize("executor", [ISOLATED, POLICED], ids=["namespaces", "policed"])
+def test_a_process_left_reading_while_the_verifier_runs_finds_nothing(
+    setup, monkeypatch, tmp_path, executor
+):
+    if executor is POLICED and CANNOT_POLICE is not None:
+        pytest.skip(f"cannot police a cell here: {CANNOT_POLICE}")
+    run_dir, _ = _run(setup, monkeypatch, tmp_path, executor)
+    later = base64.b64decode(_artifact(run_dir, "t1::1::spy", "agent/later.b64") or b"")
+    assert b"/proc/1/environ=" in later, "the process left behind read nothing"
+    assert SECRET_B.encode() not in later and HOST_SECRET.encode() not in later
+
+
+def test_the_verifier_holds_no_credential(setup, monkeypatch, tmp_path):
+    run_dir, _ = _run(setup, monkeypatch, tmp_path, ISOLATED)
+    for cell in ("t1::1::spy", "t1::1::victim"):
+        seen = _decoded(_artifact(run_dir, cell, "verifier.stdout"), "VLOOT:")
+        assert seen, "the verifier's spy printed nothing"
+        assert b"PATH=" in seen  # it did dump its environment
+        for secret in (SECRET_A, SECRET_B, HOST_SECRET):
+            assert secret.encode() not in seen, (cell, secret)
+        assert b"MAKA_EVAL_WORK_DIR" not in seen
+
+
+def test_no_credential_reaches_the_run_folder_in_any_encoding_it_was_given_in(setup, monkeypatch):
+    """A subject writes its own key out, encoded: the artifacts, records and reasons
+    carry no form of it that a reader would recognise (redaction, the last line)."""
+    env = _export(monkeypatch)
+    leak = (
+        "import base64, os, urllib.parse\n"
+        "k = os.environ['KEY_A']\n"
+        "b = k.encode()\n"
+        "e = base64.b64encode\n"
+        "forms = [k, e(b).decode(), e(b'x' + b).decode(), e(b'xy' + b).decode(),\n"
+        "         base64.urlsafe_b64encode(b).decode(), b.hex(), b.hex().upper(),\n"
+        "         urllib.parse.quote(k, safe=''), k[::-1]]\n"
+        "print('\\n'.join(forms))\n"
+        "os.makedirs('/logs/agent', exist_ok=True)\n"
+        "open('/logs/agent/leak.txt', 'w').write(' '.join(forms))\n"
+    )
+    leaker = {
+        "id": "leaker",
+        "kind": "external",
+        "credentials": ["KEY_A"],
+        "config": {"command": "python3", "args": ["-c", leak]},
+    }
+    s = setup(spec(subjects=[leaker], executor=ISOLATED), {"t1": {"test_sh": REWARD_ONE}})
+    s.run(host_env=env)
+    forms = _forms(SECRET_A)
+    found = []
+    for path in s.run_dir.rglob("*"):
+        if path.is_file():
+            data = path.read_bytes()
+            found += [(path.name, f) for f in forms if f.encode() in data]
+    assert found == []
+    stdout = _artifact(s.run_dir, "t1::1::leaker", "subject.stdout")
+    assert stdout.count("[redacted:KEY_A]") == len(forms)
+
+
+def _forms(secret: str) -> list[str]:
+    import urllib.parse
+
+    raw = secret.encode()
+    return [
+        secret,
+        base64.b64encode(raw).decode().rstrip("="),
+        base64.b64encode(b"x" + raw).decode()[4:-4],
+        base64.b64encode(b"xy" + raw).decode()[4:-4],
+        base64.urlsafe_b64encode(raw).decode().rstrip("="),
+        raw.hex(),
+        raw.hex().upper(),
+        urllib.parse.quote(secret, safe=""),
+        secret[::-1],
+    ]
