@@ -27,7 +27,6 @@ from collections.abc import Callable
 from typing import Any
 
 from maka_eval import strict_json
-from maka_eval.printable import visible
 from maka_eval.engine.bounds import (
     MAX_ATTEMPT_COST_USD,
     MAX_ATTEMPT_TOKENS,
@@ -36,6 +35,7 @@ from maka_eval.engine.bounds import (
 from maka_eval.engine.classify import Frame, FrameState
 from maka_eval.engine.status import SubjectStatus
 from maka_eval.engine.usage import Usage, UsageError
+from maka_eval.printable import visible
 
 PROTOCOL = "maka.eval.result.v1"
 MAX_FRAME_BYTES = 64 * 1024
