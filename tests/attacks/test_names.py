@@ -232,3 +232,42 @@ def test_subject_text_never_reaches_the_terminal_raw(tmp_path):
     for name in ("report.html", "cells.csv", "summary.json"):
         page = (tmp_path / "report" / name).read_bytes()
         assert_printed_safely(name, page.replace(b"\r\n", b"\n"))
+
+
+RAW = "\x1b]0;pwned\x07\x1b[2J\rcsi\u009b31m \u202egnp.exe [bold red]x[/] [link=https://e.example]y"
+
+
+def test_a_raw_reason_in_an_older_record_is_escaped_when_shown():
+    """A record written before reasons were stored printable (or by another relay: a
+    cluster's records come from the bundle in each Pod) may hold a subject's raw text;
+    `status`, `results` and `run`'s progress escape it when they show it."""
+    from dataclasses import replace
+
+    from rich.console import Console
+
+    from maka_eval.analysis.summary import summarize_source
+    from maka_eval.cli.progress import RunProgress
+    from maka_eval.cli.render import results_table, status_view
+    from maka_eval.local.events import AttemptFinished, AttemptStarted
+    from tests.analysis.records import TWO_SUBJECTS, FakeSource, attempt
+    from tests.cli.test_progress import started
+
+    failed = attempt("t1::1::x", 1, S.INFRA_FAILED)
+    failed = replace(failed, result=replace(failed.result, reason=RAW, notes=(RAW,)))
+    source = FakeSource(
+        spec(subjects=TWO_SUBJECTS), [failed, attempt("t1::1::y", 1, S.COMPLETED, 1.0)]
+    )
+    summary = summarize_source(source)
+    console = Console(record=True, width=400, force_terminal=False, color_system=None)
+    console.print(status_view(summary))
+    console.print(results_table(summary))
+    with RunProgress(console) as progress:
+        progress(started(2))
+        progress(AttemptStarted(failed.cell_id, failed.subject_id, 1))
+        progress(AttemptFinished(failed, will_retry=False))
+    shown = assert_printed_safely(
+        "status/results/progress",
+        console.export_text().encode(),
+        literal=("[bold red]x[/]", "[link=https://e.example]y"),
+    )
+    assert "\\x1b]0;pwned\\x07\\x1b[2J\\rcsi\\x9b31m\\u202egnp.exe" in shown
