@@ -1,4 +1,5 @@
-"""Artifact files: byte counts, sha256 digests, and copies with credentials redacted.
+"""Artifact files: their names, byte counts, sha256 digests, and copies with credentials
+redacted.
 
 Standard library only: the relay uses it inside task containers, the store locally.
 """
@@ -14,7 +15,33 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
+from maka_eval.contract.kernel import ARTIFACT_NAME_LIMIT
+from maka_eval.printable import escaped
+
 CHUNK = 1 << 16
+
+
+NAME_MAX_BYTES = 255
+"""Bytes in one component of a path (Linux's NAME_MAX)."""
+
+
+def artifact_name(prefix: str, relative: str) -> str | None:
+    """The name of the file at `relative` (a '/'-separated path a subject may have chosen)
+    under `prefix`, or None when that name is too long: longer than a record holds
+    (ARTIFACT_NAME_LIMIT: the record would be unreadable) or, escaped, than a file name
+    may be (NAME_MAX_BYTES).
+
+    The one place a stored file gets its name, which is also its path in the attempt's
+    artifacts folder: control, format and separator characters are escaped and
+    backslashes doubled (maka_eval.printable.escaped: `\\x1b`, `\\u202e`), so no name
+    carries a raw control character into a record or onto a terminal, the escaping can
+    be undone, and two files never share a name."""
+    name = f"{prefix}/{escaped(relative)}"
+    if len(name) > ARTIFACT_NAME_LIMIT:
+        return None
+    if any(len(part.encode()) > NAME_MAX_BYTES for part in name.split("/")):
+        return None
+    return name
 
 
 @dataclass(frozen=True)

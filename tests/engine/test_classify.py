@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import math
+from dataclasses import replace
+
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from maka_eval.engine.classify import (
+    COST_RELATIVE_TOLERANCE,
+    COST_TOLERANCE_USD,
     NO_FRAME,
     NOT_VERIFIED,
     Execution,
@@ -15,6 +22,7 @@ from maka_eval.engine.classify import (
     ResultContract,
     Verification,
     classify,
+    self_report,
 )
 from maka_eval.engine.status import AttemptStatus, StatusSource, SubjectStatus
 from maka_eval.engine.usage import Usage
@@ -370,9 +378,154 @@ def test_a_lower_bound_keeps_its_usage_but_has_no_cost():
     assert threw.usage == PARTIAL_WORK.usage and threw.cost_usd is None
 
 
-def test_a_valid_frame_with_usage_wins_over_metered_work():
+def test_a_meter_outranks_a_valid_frames_figures():
+    """The frame's status still decides; its usage and cost do not, where a meter ran."""
+    result = classify(V1, exited(0), frame(SubjectStatus.COMPLETED), REWARD, WORK)
+    assert result.status is AttemptStatus.COMPLETED and result.source is StatusSource.FRAME
+    assert result.usage == WORK.usage and result.cost_usd == WORK.cost_usd
+
+
+def test_a_lower_bound_still_outranks_a_frame_but_has_no_cost():
+    """Tokens from the meter even when they are a lower bound; cost only from a
+    complete figure, so none at all (not the frame's)."""
     result = classify(V1, exited(0), frame(SubjectStatus.COMPLETED), REWARD, PARTIAL_WORK)
-    assert result.usage == USAGE and result.cost_usd == 0.002
+    assert result.usage == PARTIAL_WORK.usage and result.cost_usd is None
+
+
+def test_a_frame_counts_where_no_meter_has_a_figure():
+    for metered in (None, NO_WORK):  # NO_WORK: MeteredWork without a figure
+        result = classify(V1, exited(0), frame(SubjectStatus.COMPLETED), REWARD, metered)
+        assert result.usage == USAGE and result.cost_usd == 0.002
+
+
+METERED = MeteredWork(admitted_requests=2, usage=Usage(1000, 200, 0, 345), cost_usd=0.0066)
+LOWER = replace(METERED, cost_usd=None, complete=False)
+
+
+def valid(usage: Usage | None, cost: float | None) -> Frame:
+    return Frame(FrameState.VALID, SubjectStatus.COMPLETED, usage, cost)
+
+
+@pytest.mark.parametrize(
+    ("reported", "metered", "note"),
+    [
+        # agrees (cost within rounding: four decimals): nothing to keep beside
+        (valid(Usage(1000, 200, 0, 345), 0.0066), METERED, None),
+        (valid(Usage(1000, 200, 0, 345), 0.00664), METERED, None),
+        (valid(Usage(1000, 200, 0, 345), None), METERED, None),
+        (valid(Usage(1000, 200, 0, 345), None), LOWER, None),
+        # under-reported
+        (
+            valid(Usage(), 0.0),
+            METERED,
+            "suspected misreport: the subject reported 0 tokens and $0.0000, the proxy "
+            "metered 1,545 tokens and $0.0066",
+        ),
+        (
+            valid(None, 0.0),
+            METERED,
+            "suspected misreport: the subject reported $0.0000, the proxy metered $0.0066",
+        ),
+        # over-reported
+        (
+            valid(Usage(10**10), 1e5),
+            METERED,
+            "suspected misreport: the subject reported 10,000,000,000 tokens and "
+            "$100,000.0000, the proxy metered 1,545 tokens and $0.0066",
+        ),
+        # the same total, split differently (cached input counted as input)
+        (
+            valid(Usage(1200, 0, 0, 345), None),
+            METERED,
+            "suspected misreport: the subject reported 1,545 tokens (input/cached/cache "
+            "write/output 1,200/0/0/345), the proxy metered 1,545 tokens (input/cached/"
+            "cache write/output 1,000/200/0/345)",
+        ),
+        # a lower bound: fewer in any count is certainly wrong ...
+        (
+            valid(Usage(5000, 0, 0, 5000), None),
+            LOWER,
+            "suspected misreport: the subject reported 10,000 tokens, the proxy metered "
+            "at least 1,545 tokens",
+        ),
+        # ... more in every count cannot be checked: kept beside, the meter's recorded
+        (
+            valid(Usage(5000, 200, 0, 5000), 0.05),
+            LOWER,
+            "the subject reported 10,200 tokens and $0.0500; the record holds the proxy's "
+            "figure, at least 1,545 tokens and no cost",
+        ),
+        # a cost where the meter has none (no prices)
+        (
+            valid(None, 0.25),
+            replace(METERED, cost_usd=None),
+            "the subject reported $0.2500; the record holds the proxy's figure, no cost",
+        ),
+        # no figure in the frame, no valid frame, no meter, a meter without a figure
+        (valid(None, None), METERED, None),
+        (Frame(FrameState.MALFORMED, error="x"), METERED, None),
+        (Frame(FrameState.ABSENT), METERED, None),
+        (valid(Usage(), 0.0), None, None),
+        (valid(Usage(), 0.0), NO_WORK, None),
+    ],
+)
+def test_the_frames_own_figures_are_kept_beside_the_meters(reported, metered, note):
+    assert self_report(reported, metered) == note
+    result = classify(V1, exited(0), reported, REWARD, metered)
+    if note is not None:  # whenever there is something to say, the meter was recorded
+        assert metered is not None
+        assert result.usage == metered.usage
+        assert result.cost_usd == (metered.cost_usd if metered.complete else None)
+
+
+_counts = st.integers(min_value=0, max_value=10**6)
+_usages = st.builds(Usage, _counts, _counts, _counts, _counts)
+
+
+@given(
+    _usages,
+    st.none() | st.floats(min_value=0, max_value=10),
+    _usages,
+    st.none() | st.floats(min_value=0, max_value=10),
+    st.booleans(),
+)
+def test_a_misreport_is_suspected_exactly_when_the_figures_contradict_the_meter(
+    usage, cost, metered_usage, metered_cost, complete
+):
+    metered = MeteredWork(3, metered_usage, metered_cost if complete else None, complete)
+    note = self_report(valid(usage, cost), metered)
+    pairs = list(
+        zip(
+            (
+                usage.input_tokens,
+                usage.cached_input_tokens,
+                usage.cache_write_tokens,
+                usage.output_tokens,
+            ),
+            (
+                metered_usage.input_tokens,
+                metered_usage.cached_input_tokens,
+                metered_usage.cache_write_tokens,
+                metered_usage.output_tokens,
+            ),
+            strict=True,
+        )
+    )
+    tokens_wrong = usage != metered_usage if complete else any(a < b for a, b in pairs)
+    cost_wrong = (
+        complete
+        and cost is not None
+        and metered_cost is not None
+        and not math.isclose(
+            cost, metered_cost, rel_tol=COST_RELATIVE_TOLERANCE, abs_tol=COST_TOLERANCE_USD
+        )
+    )
+    assert (note is not None and note.startswith("suspected misreport")) == (
+        tokens_wrong or cost_wrong
+    )
+    result = classify(V1, exited(0), valid(usage, cost), REWARD, metered)
+    assert result.usage == metered_usage  # never the frame's
+    assert result.cost_usd == metered.cost_usd
 
 
 @pytest.mark.parametrize(

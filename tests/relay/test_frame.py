@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from maka_eval.engine.bounds import MAX_ATTEMPT_COST_USD, MAX_ATTEMPT_TOKENS
 from maka_eval.engine.classify import FrameState
 from maka_eval.engine.status import SubjectStatus
-from maka_eval.engine.usage import Usage
+from maka_eval.engine.usage import USAGE_FIELDS, Usage
 from maka_eval.relay.frame import MAX_FRAME_BYTES, PROTOCOL, frame_bytes, parse_frame, read_frame
 
 
@@ -88,3 +90,90 @@ def test_reading_refuses_symlinks_fifos_and_big_files(tmp_path):
         assert read_frame(fd).state is FrameState.OVERSIZED
     finally:
         os.close(fd)
+
+
+# -- the bounds of a self-reported figure (engine.bounds) -----------------------------------
+def _frame(**fields) -> bytes:
+    return json.dumps({"protocol": PROTOCOL, **fields}).encode()
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        _frame(costUsd=1e308),
+        _frame(costUsd=1e6),
+        _frame(costUsd=MAX_ATTEMPT_COST_USD * (1 + 1e-9)),
+        _frame(costUsd=-1),
+        _frame(costUsd=-0.0001),
+        _frame(costUsd=True),
+        _frame(costUsd=10**400),  # an integer no float holds: must not raise
+        b'{"protocol": "maka.eval.result.v1", "costUsd": 1e999}',  # reads as infinity
+        b'{"protocol": "maka.eval.result.v1", "costUsd": -1e999}',
+        b'{"protocol": "maka.eval.result.v1", "costUsd": NaN}',
+        b'{"protocol": "maka.eval.result.v1", "costUsd": Infinity}',
+        _frame(usage={"inputTokens": 10**15}),
+        _frame(usage={"outputTokens": MAX_ATTEMPT_TOKENS + 1}),
+        _frame(usage={"inputTokens": 1e12}),
+        _frame(usage={"inputTokens": 1000.0}),
+        _frame(usage={"cachedInputTokens": True}),
+        _frame(usage={"inputTokens": 6 * 10**9, "outputTokens": 6 * 10**9}),  # the total
+        _frame(usage={"inputTokens": 1, "totalTokens": 10**15}),
+        _frame(usage={"inputTokens": 1, "totalTokens": 1.0}),
+        _frame(usage={"inputTokens": 1, "totalTokens": True}),
+        _frame(usage={"inputTokens": 10**400}),
+    ],
+)
+def test_figures_beyond_sane_bounds_make_a_malformed_frame(data):
+    frame = parse_frame(data)
+    assert frame.state is FrameState.MALFORMED
+    assert frame.usage is None and frame.cost_usd is None
+
+
+def test_figures_at_the_bounds_are_valid():
+    frame = parse_frame(
+        _frame(
+            usage={"inputTokens": MAX_ATTEMPT_TOKENS - 1, "outputTokens": 1},
+            costUsd=int(MAX_ATTEMPT_COST_USD),
+        )
+    )
+    assert frame.state is FrameState.VALID
+    assert frame.usage == Usage(MAX_ATTEMPT_TOKENS - 1, 0, 0, 1)
+    assert frame.cost_usd == MAX_ATTEMPT_COST_USD and type(frame.cost_usd) is float
+
+
+_any_count = st.integers(min_value=-5, max_value=2 * MAX_ATTEMPT_TOKENS) | st.floats(
+    min_value=0, max_value=1e11
+)
+
+
+@settings(max_examples=300)
+@given(st.dictionaries(st.sampled_from(sorted(USAGE_FIELDS)), _any_count, min_size=1))
+def test_usage_is_valid_exactly_within_the_bounds(counts):
+    frame = parse_frame(_frame(usage=counts))
+    whole = all(type(n) is int and 0 <= n <= MAX_ATTEMPT_TOKENS for n in counts.values())
+    within = whole and sum(counts.values()) <= MAX_ATTEMPT_TOKENS
+    assert (frame.state is FrameState.VALID) == within
+    if within:
+        assert frame.usage is not None and frame.usage.total_tokens == sum(counts.values())
+
+
+@settings(max_examples=300)
+@given(
+    st.floats(allow_nan=True, allow_infinity=True)
+    | st.integers(min_value=-(10**30), max_value=10**30)
+    | st.booleans()
+)
+def test_cost_is_valid_exactly_within_the_bounds(cost):
+    # json.dumps writes NaN/Infinity, which the strict reader refuses: malformed too.
+    frame = parse_frame(_frame(costUsd=cost))
+    within = (
+        not isinstance(cost, bool) and math.isfinite(cost) and 0 <= cost <= MAX_ATTEMPT_COST_USD
+    )
+    assert (frame.state is FrameState.VALID) == within
+    assert frame.cost_usd == (float(cost) if within else None)
+
+
+def test_a_malformed_frames_error_quotes_nothing_raw():
+    frame = parse_frame(b'{"protocol": "maka.eval.result.v1", "x\\u001b]0;pwned\\u0007": 1}')
+    assert frame.state is FrameState.MALFORMED
+    assert frame.error == "unknown field(s): x\\x1b]0;pwned\\x07"

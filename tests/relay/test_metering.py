@@ -1,4 +1,6 @@
-"""A missing or invalid result frame falls back to the signed provider-usage checkpoint."""
+"""The signed provider-usage checkpoint: the attempt's usage and cost where the egress
+proxy metered the cell, whatever the result frame says, and the fallback that keeps a
+killed wrapper's work on record."""
 
 from __future__ import annotations
 
@@ -130,15 +132,71 @@ def test_without_the_token_the_checkpoint_is_not_read(metered_plan, run):
     assert any("MAKA_EVAL_RESULT_TOKEN" in n for n in outcome.kernel.notes)
 
 
-def test_a_valid_frame_is_not_second_guessed(metered_plan, run):
-    frame = frame_bytes("completed", Usage(1, 0, 0, 1), 0.5).decode()
-    plan = metered_plan(f"touch done.txt; printf '%s' '{frame}' > \"$MAKA_EVAL_RESULT_FILE\"")
-    checkpoint_path(plan).write_text("tampered")  # never read: the frame is valid
+def _framed(usage: Usage | None, cost: float | None) -> str:
+    frame = frame_bytes("completed", usage, cost).decode()
+    return f"touch done.txt; printf '%s' '{frame}' > \"$MAKA_EVAL_RESULT_FILE\""
+
+
+@pytest.mark.parametrize(
+    ("usage", "cost", "said"),
+    [
+        (Usage(), 0.0, "0 tokens and $0.0000"),  # under-reported
+        (Usage(1, 0, 0, 1), 0.5, "2 tokens and $0.5000"),
+        (Usage(10**9, 0, 0, 10**9), 99_999.0, "2,000,000,000 tokens and $99,999.0000"),
+    ],
+)
+def test_a_valid_frames_figures_never_outrank_the_meter(metered_plan, run, usage, cost, said):
+    """The frame's status decides; the usage, cost (and so the budget) are the signed
+    checkpoint's, and the frame's own figures are kept beside them as evidence."""
     settled: list[int] = []
-    outcome = run(plan, host_env=ENV, settle_metering=lambda: settled.append(1))
+    outcome = run(
+        metered_plan(_framed(usage, cost)), host_env=ENV, settle_metering=lambda: settled.append(1)
+    )
+    c = outcome.classification
+    assert c.status is AttemptStatus.COMPLETED and c.source is StatusSource.FRAME
+    assert c.usage == USAGE and c.cost_usd == pytest.approx(COST)
+    assert outcome.kernel.usage == USAGE and outcome.kernel.cost_usd == pytest.approx(COST)
+    assert settled == [1]  # the proxy was settled for a valid frame too
+    assert outcome.kernel.notes[0] == (
+        f"suspected misreport: the subject reported {said}, the proxy metered 1,700 tokens "
+        f"and ${COST:.4f}"
+    )
+    assert any("usage metered by the egress proxy" in n for n in outcome.kernel.notes)
+
+
+def test_a_frame_that_agrees_with_the_meter_adds_no_note(metered_plan, run):
+    outcome = run(metered_plan(_framed(USAGE, round(COST, 4))), host_env=ENV)
+    assert outcome.classification.usage == USAGE
+    assert not any("reported" in n for n in outcome.kernel.notes)
+
+
+def test_a_frame_reporting_more_than_a_lower_bound_is_kept_beside_it(metered_plan, run):
+    unsettled = replace(SETTLED, settled=False, in_flight=1, requests=3)
+    outcome = run(metered_plan(_framed(Usage(2000, 200, 0, 600), 0.01), unsettled), host_env=ENV)
+    c = outcome.classification
+    assert c.usage == USAGE and c.cost_usd is None  # the lower bound, no cost
+    assert outcome.kernel.notes[0] == (
+        "the subject reported 2,800 tokens and $0.0100; the record holds the proxy's "
+        "figure, at least 1,700 tokens and no cost"
+    )
+
+
+def test_a_frame_counts_where_the_proxy_saw_no_model_request(metered_plan, run):
+    """A provider the proxy does not read: nothing metered, the frame's figure stands."""
+    outcome = run(
+        metered_plan(_framed(Usage(7, 0, 0, 3), 0.5), Checkpoint(settled=True)), host_env=ENV
+    )
+    assert outcome.classification.usage == Usage(7, 0, 0, 3)
+    assert outcome.classification.cost_usd == 0.5
+
+
+def test_a_tampered_checkpoint_leaves_the_frames_figure_and_says_so(metered_plan, run):
+    plan = metered_plan(_framed(Usage(1, 0, 0, 1), 0.5))
+    checkpoint_path(plan).write_text("tampered")
+    outcome = run(plan, host_env=ENV)
     assert outcome.classification.status is AttemptStatus.COMPLETED
     assert outcome.classification.usage == Usage(1, 0, 0, 1)
-    assert settled == [] and outcome.kernel.notes == ()
+    assert any("suspected tampering" in n for n in outcome.kernel.notes)
 
 
 def test_the_proxy_is_settled_before_the_checkpoint_is_read(metered_plan, run):

@@ -56,3 +56,33 @@ def test_every_metric_is_recorded_and_the_score_key_picks_the_score():
     missing = parse_reward_json(b'{"passed": 3, "total": 4}', "accuracy")
     assert missing.score is None
     assert "verifier.config.scoreKey" in (missing.error or "")
+
+
+def test_metric_keys_are_recorded_escaped_and_the_score_key_read_as_written():
+    data = b'{"reward": 1, "\\u001b]0;pwned\\u0007": 0.5, "\\u202eyek": 2, "a\\\\b": 3}'
+    result = parse_reward_json(data, "reward")
+    assert result.score == 1.0
+    assert result.metrics == {
+        "reward": 1.0,
+        "\\x1b]0;pwned\\x07": 0.5,
+        "\\u202eyek": 2.0,
+        "a\\\\b": 3.0,
+    }
+    # a score key that needs escaping is still found
+    assert parse_reward_json(b'{"r\\u001b": 0.5, "x": 1}', "r\x1b").score == 0.5
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b'{"\\u001b[2J": "x"}',  # a bad value: the message names its key
+        b'{"\\u001b[2J": 1, "\\u009bb": 2}',  # no score key: the message lists the keys
+    ],
+)
+def test_a_reward_error_quotes_no_key_raw(data):
+    from maka_eval.printable import unsafe
+
+    result = parse_reward_json(data, "reward\x07")
+    assert result.score is None and result.error is not None
+    assert "\\x1b[2J" in result.error
+    assert not any(unsafe(c) for c in result.error), result.error

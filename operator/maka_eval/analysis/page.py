@@ -3,12 +3,15 @@
 It shows what the terminal shows and more: the state of each run (partial runs are
 marked at the top), the warnings, per-arm figures, the paired comparisons, the losses,
 the plots and how every figure was computed.
+
+Every text goes through `escape`: HTML escaped, and the characters a terminal would act
+on (controls, bidi overrides that show a name reversed) written visibly as in the CLI.
 """
 
 from __future__ import annotations
 
+import html
 from collections.abc import Iterable, Mapping, Sequence
-from html import escape
 
 from maka_eval import __version__
 from maka_eval.analysis.arms import REASONING_NOTE, ArmSummary
@@ -21,9 +24,17 @@ from maka_eval.analysis.plots import (
 )
 from maka_eval.analysis.report import Report
 from maka_eval.analysis.statistics import CONFIDENCE, Interval
+from maka_eval.printable import visible
 from maka_eval.store.attempts import collector_paused
 
 MAX_LISTED_CELLS = 60
+
+
+def escape(text: str) -> str:
+    """`text` for the page: control and bidi characters made visible (`\\u202e`), then
+    HTML-escaped, quotes included."""
+    return html.escape(visible(text))
+
 
 _CSS = """
 :root { --ink:#1f2937; --muted:#6b7280; --line:#e5e7eb; --panel:#ffffff; --bg:#f3f4f6;

@@ -21,7 +21,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
-from maka_eval.cli.render import STATUS_STYLE, fmt_score
+from maka_eval.cli.render import STATUS_STYLE, fmt_score, safe_text
 from maka_eval.engine.status import AttemptStatus
 from maka_eval.local.events import (
     AttemptFinished,
@@ -84,7 +84,9 @@ class RunProgress:
             table.add_column(name, justify="left" if name == "subject" else "right")
         for subject, p in self._subjects.items():
             mean = statistics.fmean(p.scores) if p.scores else None
-            table.add_row(subject, str(p.done), str(p.running), str(p.failed), fmt_score(mean))
+            table.add_row(
+                safe_text(subject), str(p.done), str(p.running), str(p.failed), fmt_score(mean)
+            )
         return Group(*self._messages, self._progress, table)
 
     def _refresh(self) -> None:
@@ -182,5 +184,6 @@ class RunProgress:
             f" score={fmt_score(record.result.score)} {record.result.duration_sec:.2f}s{retry}"
         )
         if record.result.reason and not record.status.is_result:
-            line.append(f"  {record.result.reason}", style="dim")
+            line.append("  ")
+            line.append(safe_text(record.result.reason, "dim"))
         return line

@@ -1,4 +1,9 @@
-"""Terminal tables and machine-readable output for the maka-eval command."""
+"""Terminal tables and machine-readable output for the maka-eval command.
+
+Text a record holds goes to the terminal through `safe_text` only: a reason or a note may
+quote what a subject wrote (setup output, a healthcheck's, frame keys), and neither a
+control character nor rich markup of it may act on the terminal.
+"""
 
 from __future__ import annotations
 
@@ -17,6 +22,7 @@ from maka_eval.analysis.summary import PairedDifference, RunSummary, SubjectSumm
 from maka_eval.cli.egress import egress_summary
 from maka_eval.engine.expand import Expansion
 from maka_eval.engine.selection import CellState
+from maka_eval.printable import visible
 from maka_eval.spec.load import LoadedExperiment
 from maka_eval.spec.metering import prices_summary
 from maka_eval.spec.subjects import ExternalSubject, MakaSubject
@@ -28,6 +34,14 @@ STATUS_STYLE = {
     "infra_failed": "red",
     "cancelled": "magenta",
 }
+
+
+def safe_text(text: str, style: str = "", limit: int | None = None) -> Text:
+    """`text` for the terminal: unsafe characters escaped (maka_eval.printable.visible:
+    ESC as `\\x1b`, a newline as `\\n`), at most `limit` characters of that, and never
+    read as rich markup ("[red]" prints as it is)."""
+    shown = visible(text)
+    return Text(shown if limit is None else shown[:limit], style=style)
 
 
 def fmt_score(value: float | None) -> str:
@@ -124,7 +138,7 @@ def subjects_table(
     for s in subjects:
         spread = f" ± {s.sem:.3f}" if s.sem is not None else ""
         cells: list[RenderableType] = [
-            s.subject_id,
+            safe_text(s.subject_id),
             f"{s.results}/{s.cells}",
             f"{s.completed}/{s.subject_failed}",
             f"{fmt_score(s.mean_score)}{spread}",
@@ -166,7 +180,7 @@ def cells_table(summary: RunSummary) -> Table:
         if row.interrupted:
             note = (note + "; " if note else "") + f"{row.interrupted} interrupted"
         table.add_row(
-            row.cell_id,
+            safe_text(row.cell_id),
             row.state.value,
             Text(status, style=STATUS_STYLE.get(status, "")),
             fmt_score(kernel.score) if row.selected and kernel else "-",
@@ -174,7 +188,7 @@ def cells_table(summary: RunSummary) -> Table:
             fmt_cost(kernel.cost_usd) if kernel else "-",
             f"{kernel.duration_sec:.2f}s" if kernel else "-",
             f"{row.selected.attempt}/{row.attempts}" if row.selected else f"-/{row.attempts}",
-            Text(note[:80], style="dim"),
+            safe_text(note, "dim", limit=80),
         )
     return table
 
@@ -184,14 +198,18 @@ def status_view(summary: RunSummary, *, bar: bool = True) -> RenderableType:
     head = Table.grid(padding=(0, 2))
     head.add_column(style="bold")
     head.add_column()
-    head.add_row("run", f"{summary.run_dir}  ({summary.run_id})")
-    head.add_row("experiment", summary.experiment.id)
+    head.add_row("run", safe_text(f"{summary.run_dir}  ({summary.run_id})"))
+    head.add_row("experiment", safe_text(summary.experiment.id))
+    writer: RenderableType
     if summary.lock is LockState.LIVE and summary.lock_info:
-        writer = f"running: {summary.lock_info.describe()}"
+        writer = safe_text(f"running: {summary.lock_info.describe()}")
     elif summary.lock is LockState.STALE and summary.lock_info:
-        writer = (
-            f"[red]stale lock[/red] left by {summary.lock_info.describe()}; "
-            f"`maka-eval unlock {summary.run_dir}` checks no writer remains and removes it"
+        writer = Text("stale lock", style="red")
+        writer.append_text(
+            safe_text(
+                f" left by {summary.lock_info.describe()}; `maka-eval unlock "
+                f"{summary.run_dir}` checks no writer remains and removes it"
+            )
         )
     else:
         writer = "none (not running)"
@@ -256,7 +274,7 @@ def results_table(summary: RunSummary, *, bar: bool = True) -> RenderableType:
         )
     for row in result_rows(summary):
         table.add_row(
-            row["cell"],
+            safe_text(row["cell"]),
             Text(row["status"], style=STATUS_STYLE.get(row["status"], "")),
             fmt_score(row["score"]),
             f"{row['totalTokens']:,}" if row["totalTokens"] is not None else "-",
@@ -268,7 +286,7 @@ def results_table(summary: RunSummary, *, bar: bool = True) -> RenderableType:
     parts: list[RenderableType] = [table, subjects_table(summary.subjects, bar=bar)]
     if missing:
         parts.append(
-            Text(
+            safe_text(
                 f"{len(missing)} cell(s) without a result: "
                 + ", ".join(missing[:10])
                 + (" ..." if len(missing) > 10 else ""),

@@ -1,11 +1,28 @@
-"""The shared experiment budget: cost and tokens spent across every attempt."""
+"""The shared experiment budget: cost and tokens spent across every attempt.
+
+Each attempt counts what its record says it spent, within the bounds of one attempt
+(engine.bounds): a figure beyond them is no measurement (a frame holding one is
+malformed now; only a record written before the bounds, or by hand, can) and counts as
+nothing, as an unknown figure does. So one arm's made-up number cannot exhaust the
+budget of the others, and the sum stays a finite float whatever the records hold
+(1e308 twice would be infinity: "$inf" in a table, `Infinity` in JSON no parser takes).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from maka_eval.engine.bounds import cost_within_bounds, tokens_within_bounds
 from maka_eval.engine.usage import Usage
+
+
+def counted(usage: Usage | None, cost_usd: float | None) -> tuple[int, float]:
+    """(tokens, cost) one attempt adds to the budget: its figures within the bounds of
+    one attempt, 0 for one that is unknown or beyond them."""
+    tokens = usage.total_tokens if usage is not None and tokens_within_bounds(usage) else 0
+    cost = cost_usd if cost_usd is not None and cost_within_bounds(cost_usd) else 0.0
+    return tokens, cost
 
 
 @dataclass(frozen=True)
@@ -26,11 +43,12 @@ class BudgetState:
 
     def spend(self, usage: Usage | None, cost_usd: float | None) -> BudgetState:
         """The state after one more attempt."""
+        tokens, cost = counted(usage, cost_usd)
         return BudgetState(
             self.max_cost_usd,
             self.max_tokens,
-            self.spent_cost_usd + (cost_usd or 0.0),
-            self.spent_tokens + (usage.total_tokens if usage else 0),
+            self.spent_cost_usd + cost,
+            self.spent_tokens + tokens,
         )
 
     def describe(self) -> str:
@@ -58,7 +76,8 @@ def budget_state(
     order (so to the same float), without a state per attempt (a report sums 100,000)."""
     spent_cost_usd = 0.0
     spent_tokens = 0
-    for usage, cost in spending:
-        spent_cost_usd += cost or 0.0
-        spent_tokens += usage.total_tokens if usage else 0
+    for usage, cost_usd in spending:
+        tokens, cost = counted(usage, cost_usd)
+        spent_cost_usd += cost
+        spent_tokens += tokens
     return BudgetState(max_cost_usd, max_tokens, spent_cost_usd, spent_tokens)

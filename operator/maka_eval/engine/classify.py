@@ -7,6 +7,7 @@ execution ended, the result frame, the verifier's reward, metered model work) an
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -114,14 +115,85 @@ class Classification:
 
 
 def _attributed(frame: Frame, metered: MeteredWork | None) -> tuple[Usage | None, float | None]:
-    """Usage and cost to record: the frame's when it is valid, else what was metered."""
+    """Usage and cost to record: a self-reported figure never outranks a meter.
+
+    Where the egress proxy metered the cell (a signed checkpoint that verifies and saw a
+    model request), its figure is the attempt's, whatever a valid frame says: its tokens
+    even when they are only a lower bound (a subject that reports fewer is certainly
+    wrong; one that reports more cannot be checked, and a self-report must not reach the
+    shared budget unchecked), its cost only when the figure is complete (a cost derived
+    from a lower bound would read as a settled one). Otherwise a valid frame's own
+    (bounded) figures, else nothing. `self_report` says what the record keeps of the
+    frame's figures next to the meter's."""
+    if metered is not None and metered.usage is not None:
+        return metered.usage, metered.cost_usd if metered.complete else None
     if frame.valid and (frame.usage is not None or frame.cost_usd is not None):
         return frame.usage, frame.cost_usd
-    if metered is not None:
-        # A partial count is kept as a lower bound; a cost derived from it would read as
-        # a settled figure, so there is none.
-        return metered.usage, metered.cost_usd if metered.complete else None
     return None, None
+
+
+COST_TOLERANCE_USD = 1e-4
+"""A reported cost this close to the metered one agrees with it (the four decimals a
+table shows: a subject may round its figure so)."""
+COST_RELATIVE_TOLERANCE = 1e-3
+"""... or this close relative to the metered cost (prices rounded differently)."""
+
+
+def _counts(usage: Usage) -> tuple[int, int, int, int]:
+    return (
+        usage.input_tokens,
+        usage.cached_input_tokens,
+        usage.cache_write_tokens,
+        usage.output_tokens,
+    )
+
+
+def _tokens(usage: Usage, split: bool) -> str:
+    detail = " (input/cached/cache write/output " + "/".join(f"{n:,}" for n in _counts(usage))
+    return f"{usage.total_tokens:,} tokens" + (detail + ")" if split else "")
+
+
+def _usd(cost: float | None) -> str:
+    return "no cost" if cost is None else f"${cost:,.4f}"
+
+
+def self_report(frame: Frame, metered: MeteredWork | None) -> str | None:
+    """A note keeping a valid frame's own figures beside the metered ones that outrank
+    them (`_attributed`), or None when the frame reported none or they agree.
+
+    It begins "suspected misreport" when the two disagree beyond rounding: reported
+    tokens that differ from a complete figure or fall short of a lower bound in any
+    count, a reported cost away from a metered one. Reporting more than a lower bound, or
+    a cost where the meter has none, cannot be checked: it is only kept beside."""
+    if not frame.valid or metered is None or metered.usage is None:
+        return None
+    meter = metered.usage
+    suspect = False
+    reported: list[str] = []
+    measured: list[str] = []
+    if frame.usage is not None and frame.usage != meter:
+        short = any(a < b for a, b in zip(_counts(frame.usage), _counts(meter), strict=True))
+        suspect = metered.complete or short
+        split = frame.usage.total_tokens == meter.total_tokens  # then say how it differs
+        reported.append(_tokens(frame.usage, split))
+        measured.append(("" if metered.complete else "at least ") + _tokens(meter, split))
+    if frame.cost_usd is not None:
+        cost = metered.cost_usd if metered.complete else None
+        if cost is None:
+            reported.append(_usd(frame.cost_usd))
+            measured.append("no cost")
+        elif not math.isclose(
+            frame.cost_usd, cost, rel_tol=COST_RELATIVE_TOLERANCE, abs_tol=COST_TOLERANCE_USD
+        ):
+            suspect = True
+            reported.append(_usd(frame.cost_usd))
+            measured.append(_usd(cost))
+    if not reported:
+        return None
+    said, found = " and ".join(reported), " and ".join(measured)
+    if suspect:
+        return f"suspected misreport: the subject reported {said}, the proxy metered {found}"
+    return f"the subject reported {said}; the record holds the proxy's figure, {found}"
 
 
 def _frame_problem(frame: Frame) -> str:

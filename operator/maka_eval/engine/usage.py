@@ -17,6 +17,8 @@ USAGE_FIELDS = {
     "outputTokens": "output_tokens",
 }
 MAX_TOKENS = 10**15
+"""What one count of a wire form may hold at all (records, checkpoints, the CRD); what
+one attempt may plausibly report is much less (engine.bounds)."""
 
 
 class UsageError(ValueError):
@@ -57,8 +59,9 @@ class Usage:
         return out
 
     @classmethod
-    def from_json(cls, data: Any) -> Usage:
-        """Parse the wire form strictly: known keys only, non-negative integers."""
+    def from_json(cls, data: Any, limit: int = MAX_TOKENS) -> Usage:
+        """Parse the wire form strictly: known keys only, whole numbers from 0 to `limit`
+        (never a boolean or a float, even 1.0), and a `totalTokens` that is their sum."""
         if not isinstance(data, Mapping):
             raise UsageError("usage must be an object")
         values: dict[str, int] = {}
@@ -69,13 +72,15 @@ class Usage:
                 raise UsageError(f"usage has unknown field '{key}'")
             if isinstance(value, bool) or not isinstance(value, int):
                 raise UsageError(f"usage.{key} must be a whole number")
-            if not 0 <= value <= MAX_TOKENS:
-                raise UsageError(f"usage.{key} is out of range")
+            if not 0 <= value <= limit:
+                raise UsageError(f"usage.{key} is out of range (0 to {limit:,})")
             values[USAGE_FIELDS[key]] = value
         usage = cls(**values)
         total = data.get("totalTokens")
-        if total is not None and total != usage.total_tokens:
-            raise UsageError("usage.totalTokens does not equal the sum of the counts")
+        if total is not None and (
+            isinstance(total, bool) or not isinstance(total, int) or total != usage.total_tokens
+        ):
+            raise UsageError("usage.totalTokens must be the sum of the counts, a whole number")
         return usage
 
 

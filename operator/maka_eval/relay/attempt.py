@@ -20,8 +20,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from maka_eval.artifacts import Redactor, copy_artifact
-from maka_eval.contract.kernel import ArtifactEntry
+from maka_eval.artifacts import NAME_MAX_BYTES, Redactor, artifact_name, copy_artifact
+from maka_eval.contract.kernel import ARTIFACT_NAME_LIMIT, ArtifactEntry
 from maka_eval.engine.classify import (
     NO_FRAME,
     NOT_VERIFIED,
@@ -34,6 +34,7 @@ from maka_eval.engine.classify import (
 )
 from maka_eval.engine.environment import Healthcheck, TaskArtifact
 from maka_eval.engine.launch import SOLUTION_DIR_NAME
+from maka_eval.printable import escaped
 from maka_eval.process_table import RUN_MARKER
 from maka_eval.relay import steps
 from maka_eval.relay.environment import (
@@ -189,10 +190,16 @@ each; a collected folder may hold any number)."""
 
 
 def _files_as_artifacts(
-    root: Path, prefix: str, most: int, max_bytes: float = float("inf")
+    root: Path,
+    prefix: str,
+    most: int,
+    max_bytes: float = float("inf"),
+    too_long: list[str] | None = None,
 ) -> list[tuple[str, Path]]:
-    """The regular files under `root`, as `<prefix>/<path>` artifacts: the first `most`
-    in path order, at most `max_bytes` in all, links never followed."""
+    """The regular files under `root`, as `<prefix>/<path>` artifacts named by
+    `artifact_name` (escaped): the first `most` in path order, at most `max_bytes` in
+    all, links never followed. A file whose name a record cannot hold is left out, its
+    name's start added to `too_long`."""
     found: list[tuple[str, Path]] = []
     total = 0
     for folder, dirs, files in os.walk(root, followlinks=False):
@@ -205,10 +212,16 @@ def _files_as_artifacts(
                 continue
             if not stat.S_ISREG(info.st_mode) or total + info.st_size > max_bytes:
                 continue
+            relative = path.relative_to(root).as_posix()
+            artifact = artifact_name(prefix, relative)
+            if artifact is None:
+                if too_long is not None:
+                    too_long.append(f"{prefix}/{escaped(relative)[:60]}...")
+                continue
             if len(found) == most:
                 return found
             total += info.st_size
-            found.append((f"{prefix}/{path.relative_to(root).as_posix()}", path))
+            found.append((artifact, path))
     return found
 
 
@@ -860,11 +873,16 @@ class _Attempt:
         # task.toml `artifacts`, as collected (the task's, each step's), at most
         # MAX_TASK_ARTIFACT_FILES in all.
         most = MAX_TASK_ARTIFACT_FILES + 1  # one more: to know whether any were left
-        collected = _files_as_artifacts(layout.root / "artifacts", "artifacts", most)
+        too_long: list[str] = []
+        collected = _files_as_artifacts(
+            layout.root / "artifacts", "artifacts", most, too_long=too_long
+        )
         for step in self.plan.steps:
             folder = layout.step_dir(step.name) / "artifacts"
             left = most - len(collected)
-            collected += _files_as_artifacts(folder, f"steps/{step.name}/artifacts", left)
+            collected += _files_as_artifacts(
+                folder, f"steps/{step.name}/artifacts", left, too_long=too_long
+            )
         if len(collected) > MAX_TASK_ARTIFACT_FILES:
             del collected[MAX_TASK_ARTIFACT_FILES:]
             self.notes.append(
@@ -879,10 +897,18 @@ class _Attempt:
             if step.healthcheck is not None
         ]
         candidates.append(("result-frame.json", layout.frame_dir / "result.json"))
-        candidates += _files_as_artifacts(layout.evidence, "evidence", MAX_AGENT_FILES)
         candidates += _files_as_artifacts(
-            layout.agent_logs, "agent", MAX_AGENT_FILES, self.plan.output_limit_bytes
+            layout.evidence, "evidence", MAX_AGENT_FILES, too_long=too_long
         )
+        candidates += _files_as_artifacts(
+            layout.agent_logs, "agent", MAX_AGENT_FILES, self.plan.output_limit_bytes, too_long
+        )
+        if too_long:
+            self.notes.append(
+                f"{len(too_long)} file(s) not stored: their names, escaped, are too long "
+                f"(at most {ARTIFACT_NAME_LIMIT} characters, {NAME_MAX_BYTES} bytes a "
+                f"folder or file), e.g. {too_long[0]}"
+            )
         target_root = Path(self.plan.artifacts_dir)
         if not target_root.is_dir():
             target_root.mkdir(parents=True)

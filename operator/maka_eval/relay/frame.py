@@ -9,21 +9,33 @@ malformed, a symlink, a FIFO -- is recorded as such and never crashes the relay.
      "usage": {"inputTokens": 0, "cachedInputTokens": 0,
                "cacheWriteTokens": 0, "outputTokens": 0},  (optional)
      "costUsd": 0.0}                                      (optional)
+
+Its figures are bounded (engine.bounds): every token count and their total whole
+numbers from 0 to 10^10, the cost a number from 0 to 10^5 USD. A frame with anything
+else there (a boolean, a float count, a negative or non-finite number, 1e999 that reads
+as infinity, an integer too large for a float) is malformed, like any other broken
+frame. Even a bounded figure never outranks the egress proxy's meter: that rule is
+engine.classify's.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
 import stat
 from collections.abc import Callable
 from typing import Any
 
 from maka_eval import strict_json
+from maka_eval.engine.bounds import (
+    MAX_ATTEMPT_COST_USD,
+    MAX_ATTEMPT_TOKENS,
+    cost_within_bounds,
+)
 from maka_eval.engine.classify import Frame, FrameState
 from maka_eval.engine.status import SubjectStatus
 from maka_eval.engine.usage import Usage, UsageError
+from maka_eval.printable import visible
 
 PROTOCOL = "maka.eval.result.v1"
 MAX_FRAME_BYTES = 64 * 1024
@@ -31,7 +43,19 @@ _FIELDS = {"protocol", "status", "usage", "costUsd"}
 
 
 def _malformed(why: str) -> Frame:
-    return Frame(FrameState.MALFORMED, error=why)
+    # The reason quotes what the subject wrote (a key, a parser's message): no control
+    # character of it reaches a record or a terminal raw.
+    return Frame(FrameState.MALFORMED, error=visible(why))
+
+
+def _cost(value: Any) -> float | None:
+    """The frame's cost as a float, or None when it is not a bounded number."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    if isinstance(value, int) and not 0 <= value <= MAX_ATTEMPT_COST_USD:
+        return None  # before float(): an integer of 400 digits does not fit one
+    cost = float(value)
+    return cost if cost_within_bounds(cost) else None
 
 
 def parse_frame(data: bytes) -> Frame:
@@ -59,18 +83,17 @@ def parse_frame(data: bytes) -> Frame:
     usage = None
     if obj.get("usage") is not None:
         try:
-            usage = Usage.from_json(obj["usage"])
+            usage = Usage.from_json(obj["usage"], limit=MAX_ATTEMPT_TOKENS)
         except UsageError as exc:
             return _malformed(str(exc))
-    cost = obj.get("costUsd")
-    if cost is not None and (
-        isinstance(cost, bool)
-        or not isinstance(cost, int | float)
-        or not math.isfinite(cost)
-        or cost < 0
-    ):
-        return _malformed("'costUsd' must be a finite, non-negative number")
-    return Frame(FrameState.VALID, status, usage, None if cost is None else float(cost))
+        if usage.total_tokens > MAX_ATTEMPT_TOKENS:
+            return _malformed(f"usage: more than {MAX_ATTEMPT_TOKENS:,} tokens in total")
+    cost = None
+    if obj.get("costUsd") is not None:
+        cost = _cost(obj["costUsd"])
+        if cost is None:
+            return _malformed(f"'costUsd' must be a number from 0 to {MAX_ATTEMPT_COST_USD:g}")
+    return Frame(FrameState.VALID, status, usage, cost)
 
 
 def read_bounded(dir_fd: int, name: str, limit: int) -> bytes | None:

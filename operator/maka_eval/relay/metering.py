@@ -6,13 +6,15 @@ only when its HMAC verifies with the result token. The figure comes from
 `metering.checkpoint.derive`, the same function the proxy calls, priced with the spec's
 prices (`spec.metering.prices`).
 
-What it is used for is decided in engine.classify, nowhere else: it is the attempt's
-usage and cost unless a valid protocol-v1 frame reports its own (then the checkpoint is
-not read: the bundled wrapper's frame is not second-guessed; an exit-code subject has
-no other figure), and when a protocol-v1 frame is missing or invalid -- the wrapper
-was killed rather than asked to stop -- admitted work makes the attempt a failed subject.
-A figure is attributed only when the proxy saw a model request: one that saw none says
-nothing about a subject that called a provider it cannot read (usage stays null).
+What it is used for is decided in engine.classify, nowhere else: a self-reported
+figure never outranks this meter. It is the attempt's usage and cost whatever a valid
+protocol-v1 frame reports (the frame's own figures are kept beside it in a note, which
+says "suspected misreport" when they disagree, and in the result-frame.json artifact);
+an exit-code subject has no other figure; and when a protocol-v1 frame is missing or
+invalid -- the wrapper was killed rather than asked to stop -- admitted work makes the
+attempt a failed subject. A figure is attributed only when the proxy saw a model
+request: one that saw none says nothing about a subject that called a provider it
+cannot read (usage stays null, or the frame's own).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from maka_eval.engine.classify import Frame, MeteredWork, ResultContract
+from maka_eval.engine.classify import Frame, MeteredWork, ResultContract, self_report
 from maka_eval.metering.checkpoint import (
     Checkpoint,
     CheckpointRejected,
@@ -110,8 +112,8 @@ def recover_metered(
     that a figure with every admitted request's usage can be complete; without it the
     plan's `settle_proxy` is asked over HTTP.
     """
-    if metering is None or (frame.valid and (frame.usage, frame.cost_usd) != (None, None)):
-        return NOTHING  # a valid frame that reports usage is not second-guessed
+    if metering is None:
+        return NOTHING
     frame_lost = contract is ResultContract.PROTOCOL_V1 and not frame.valid
     token = read_token(metering, host_env)
     if not token:
@@ -144,12 +146,13 @@ def recover_metered(
     why = cost_note(figure, prices)
     if why:
         notes.append(why)
-    return Recovery(
-        MeteredWork(
-            admitted_requests=figure.admitted,
-            usage=figure.usage,
-            cost_usd=figure.cost_usd,
-            complete=figure.complete,
-        ),
-        tuple(notes),
+    metered = MeteredWork(
+        admitted_requests=figure.admitted,
+        usage=figure.usage,
+        cost_usd=figure.cost_usd,
+        complete=figure.complete,
     )
+    beside = self_report(frame, metered)
+    if beside is not None:
+        notes.insert(0, beside)  # evidence first: a record keeps the first few notes
+    return Recovery(metered, tuple(notes))

@@ -19,6 +19,7 @@ from maka_eval.contract.kernel import (
     ResultKernel,
 )
 from maka_eval.engine.classify import Classification, Execution, Frame, Verification
+from maka_eval.printable import visible
 
 
 @dataclass(frozen=True)
@@ -51,9 +52,13 @@ def build_kernel(
     isolation: str | None = None,
     notes: tuple[str, ...] = (),
 ) -> ResultKernel:
-    """The result kernel: every string redacted, fitted to the relay's share of the bound."""
+    """The result kernel: every string redacted and made printable (a reason or a note may
+    quote what the subject wrote: maka_eval.printable.visible), evidence of suspected
+    tampering or misreporting first among the notes a kernel keeps, fitted to the relay's
+    share of the bound."""
     c = classification
-    reason = redactor.text(c.reason or "")[:REASON_LIMIT] or None
+    reason = visible(redactor.text(c.reason or ""))[:REASON_LIMIT] or None
+    evidence = sorted(notes, key=lambda note: not note.startswith("suspected "))
     metrics = {
         redactor.text(name)[:64]: value for name, value in verification.metrics.items() if name
     }
@@ -69,5 +74,5 @@ def build_kernel(
         exit_code=c.exit_code,
         metrics=dict(list(metrics.items())[:32]),
         isolation=isolation,
-        notes=tuple(redactor.text(n)[:NOTE_LIMIT] for n in notes[:MAX_NOTES]),
+        notes=tuple(visible(redactor.text(n))[:NOTE_LIMIT] for n in evidence[:MAX_NOTES]),
     ).fitted()

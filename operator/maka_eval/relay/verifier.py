@@ -5,6 +5,11 @@ and the configured key (`verifier.config.scoreKey`, default `reward`) becomes th
 When that key is missing, a file holding exactly one metric scores with it (nothing else
 can be meant); several metrics and none of them the key is "no reward". reward.txt must
 hold one number. Anything else is "no reward": an infrastructure failure, never a zero.
+
+The keys are recorded escaped (maka_eval.printable.escaped: a key with an ESC or a bidi
+override becomes `\\x1b` or `\\u202e`): a subject may write reward.json through a
+verifier it fooled, and a key must not carry a raw control character into a record or
+onto a terminal. The score key is looked up as written.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from collections.abc import Callable
 
 from maka_eval import strict_json
 from maka_eval.engine.classify import Verification
+from maka_eval.printable import escaped, visible
 from maka_eval.relay.frame import read_bounded
 
 MAX_REWARD_BYTES = 64 * 1024
@@ -36,20 +42,20 @@ def parse_reward_json(data: bytes, score_key: str) -> Verification:
         return Verification(None, "reward.json is not valid JSON")
     if not isinstance(rewards, dict):
         return Verification(None, "reward.json must be an object of numbers")
-    bad = sorted(str(k) for k, v in rewards.items() if not _finite_number(v))
+    bad = sorted(escaped(k) for k, v in rewards.items() if not _finite_number(v))
     if bad:
         return Verification(
             None, f"reward.json values must be finite numbers (not: {', '.join(bad)[:80]})"
         )
-    metrics = {str(k): float(v) for k, v in rewards.items()}
+    metrics = {escaped(k): float(v) for k, v in rewards.items()}
     if score_key in rewards:
         return Verification(float(rewards[score_key]), metrics=metrics)
     if len(rewards) == 1:
         return Verification(next(iter(metrics.values())), metrics=metrics)
-    keys = ", ".join(sorted(rewards))[:80] or "none"
+    keys = ", ".join(sorted(metrics))[:80] or "none"
     return Verification(
         None,
-        f"reward.json has no '{score_key}' key and several metrics (keys: {keys}); set "
+        f"reward.json has no '{visible(score_key)}' key and several metrics (keys: {keys}); set "
         "verifier.config.scoreKey to the one that is the score",
     )
 
