@@ -6,10 +6,12 @@ Standard library only: the relay uses it inside task containers, the store local
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import io
 import json
 import os
+import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -76,12 +78,15 @@ class Redactor:
 
     @classmethod
     def of(cls, secrets: Mapping[str, str]) -> Redactor:
-        """From name -> value; a value is also caught in its JSON-escaped form."""
+        """From name -> value; a value is also caught in the forms a subject can write it
+        out in without a key of its own (`encoded_forms`). Redaction is the last line:
+        what keeps a credential from another arm is that no sandbox ever holds it."""
         replacements: dict[bytes, bytes] = {}
         for name, value in secrets.items():
             if value:
                 replacements[value.encode()] = redaction(name)
-                replacements[json.dumps(value)[1:-1].encode()] = redaction(name)
+                for form in encoded_forms(value):
+                    replacements.setdefault(form, redaction(name))
         return cls(replacements)
 
     def __bool__(self) -> bool:
@@ -103,6 +108,27 @@ class Redactor:
 
 
 NO_REDACTION = Redactor({})
+MIN_FORM_BYTES = 8
+"""An encoded form shorter than this is not looked for (it would match by chance)."""
+
+
+def encoded_forms(value: str) -> list[bytes]:
+    """`value` as JSON escapes it, in base64 (standard and URL-safe, at each of the three
+    alignments it can have inside a longer text: only the characters its own bytes
+    decide), in hex (both cases), percent-encoded, and reversed."""
+    raw = value.encode()
+    forms = [json.dumps(value)[1:-1].encode(), raw.hex().encode(), raw.hex().upper().encode()]
+    forms += [urllib.parse.quote(value, safe="").encode(), raw[::-1]]
+    for lead in range(3):
+        encoded = base64.b64encode(b"\0" * lead + raw)
+        first = -(-8 * lead // 6)  # the first character decided by the value alone
+        last = (8 * (lead + len(raw)) - 6) // 6
+        core = encoded[first : last + 1]
+        forms += [core, core.translate(_URL_SAFE)]
+    return [f for f in dict.fromkeys(forms) if len(f) >= MIN_FORM_BYTES and f != raw]
+
+
+_URL_SAFE = bytes.maketrans(b"+/", b"-_")
 
 
 def _earliest(buf: bytes, start: int, secrets: Mapping[bytes, bytes]) -> tuple[int, bytes] | None:

@@ -20,6 +20,7 @@ import pytest
 
 from maka_eval.sandbox.process import namespaces_unavailable
 from maka_eval.store.run_store import artifact_path, read_run
+from tests.attacks.programs import spy
 from tests.egress.policing import WHY_NOT as CANNOT_POLICE
 from tests.helpers import REWARD_ONE, spec
 
@@ -41,7 +42,7 @@ POLICED = {
     "config": {"isolation": "namespaces", "sandbox": "process", "egress": {"mode": "proxy"}},
 }
 
-SPY = Path(__file__).with_name("programs") / "spy.py"
+SPY = Path(spy.__file__)
 """Reads everything that could carry an environment and writes it out base64-encoded."""
 VICTIM = "import time; time.sleep(4)"
 
@@ -49,9 +50,16 @@ VICTIM = "import time; time.sleep(4)"
 # environ it can read, base64 on its stdout; reward 1 regardless.
 VERIFIER_SPY = (
     "#!/bin/sh\n"
-    '{ env; for f in /proc/[0-9]*/environ; do cat "$f"; echo; done; } 2>/dev/null'
-    " | base64 -w0 | sed 's/^/VLOOT:/'\n"
-    "echo\n" + REWARD_ONE.split("\n", 1)[1]
+    "python3 -c '\n"
+    "import base64, glob, os\n"
+    'data = b"\\0".join(f"{k}={v}".encode() for k, v in os.environ.items())\n'
+    'for path in glob.glob("/proc/[0-9]*/environ"):\n'
+    "    try:\n"
+    '        data += b"\\n" + open(path, "rb").read()\n'
+    "    except OSError:\n"
+    "        pass\n"
+    'print("VLOOT:" + base64.b64encode(bytes(b ^ 0x5A for b in data)).decode())\n'
+    "'\n" + REWARD_ONE.split("\n", 1)[1]
 )
 
 
@@ -81,10 +89,11 @@ def _subjects(tmp_path: Path) -> list[dict]:
     return [spy, victim]
 
 
-def _decoded(text: str, marker: str) -> bytes:
+def _decoded(text: str, marker: str, xor: bool = False) -> bytes:
     out = b""
     for match in re.finditer(re.escape(marker) + r"([A-Za-z0-9+/=]*)", text):
-        out += base64.b64decode(match.group(1) + "=" * (-len(match.group(1)) % 4))
+        data = base64.b64decode(match.group(1) + "=" * (-len(match.group(1)) % 4))
+        out += bytes(b ^ spy.KEY for b in data) if xor else data
     return out
 
 
@@ -96,8 +105,8 @@ def _artifact(run_dir: Path, cell: str, name: str) -> str:
 
 
 def _spy_loot(run_dir: Path) -> bytes:
-    loot = _decoded(_artifact(run_dir, "t1::1::spy", "subject.stdout"), "LOOT:")
-    loot += base64.b64decode(_artifact(run_dir, "t1::1::spy", "agent/loot.b64") or b"")
+    loot = _decoded(_artifact(run_dir, "t1::1::spy", "subject.stdout"), "LOOT:", xor=True)
+    loot += spy.decode(_artifact(run_dir, "t1::1::spy", "agent/loot.b64"))
     assert loot, "the spy read nothing: the attack did not run"
     return loot
 
@@ -136,7 +145,7 @@ def test_a_process_left_reading_while_the_verifier_runs_finds_nothing(
     if executor is POLICED and CANNOT_POLICE is not None:
         pytest.skip(f"cannot police a cell here: {CANNOT_POLICE}")
     run_dir, _ = _run(setup, monkeypatch, tmp_path, executor)
-    later = base64.b64decode(_artifact(run_dir, "t1::1::spy", "agent/later.b64") or b"")
+    later = spy.decode(_artifact(run_dir, "t1::1::spy", "agent/later.b64"))
     assert b"/proc/1/environ=" in later, "the process left behind read nothing"
     assert SECRET_B.encode() not in later and HOST_SECRET.encode() not in later
 
@@ -144,7 +153,7 @@ def test_a_process_left_reading_while_the_verifier_runs_finds_nothing(
 def test_the_verifier_holds_no_credential(setup, monkeypatch, tmp_path):
     run_dir, _ = _run(setup, monkeypatch, tmp_path, ISOLATED)
     for cell in ("t1::1::spy", "t1::1::victim"):
-        seen = _decoded(_artifact(run_dir, cell, "verifier.stdout"), "VLOOT:")
+        seen = _decoded(_artifact(run_dir, cell, "verifier.stdout"), "VLOOT:", xor=True)
         assert seen, "the verifier's spy printed nothing"
         assert b"PATH=" in seen  # it did dump its environment
         for secret in (SECRET_A, SECRET_B, HOST_SECRET):

