@@ -211,3 +211,51 @@ def _forms(secret: str) -> list[str]:
         urllib.parse.quote(secret, safe=""),
         secret[::-1],
     ]
+
+
+HIDER = r"""
+import os, subprocess, sys
+from maka_eval.relay.processes import ProcessSupervisor
+os.environ["KEY_Z"] = sys.stdin.read()
+ProcessSupervisor()  # what the executor and the relay make first
+# A subject run as a plain process of the same user (isolation: none) reads the
+# executor's environment, and its command line.
+probe = subprocess.run(
+    ["sh", "-c", f"cat /proc/{os.getpid()}/environ /proc/{os.getpid()}/cmdline"],
+    capture_output=True, env={"PATH": "/usr/bin:/bin"},
+)
+sys.stdout.buffer.write(probe.stdout + b"|" + probe.stderr)
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run the executor as another user")
+def test_a_plain_process_of_the_same_user_cannot_read_the_executors_environment(tmp_path):
+    """Without namespaces (isolation: none, a user who is not root), subjects are the
+    executor's user: its environment (every credential) is still out of their reach."""
+    import subprocess
+    import sys
+
+    import maka_eval
+
+    operator_dir = str(Path(maka_eval.__file__).parents[1])
+    proc = subprocess.run(
+        [
+            "setpriv",
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            sys.executable,
+            "-c",
+            HIDER,
+        ],
+        input=SECRET_B.encode(),
+        capture_output=True,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": operator_dir},
+        cwd=tmp_path,
+        timeout=120,
+        check=False,
+    )
+    out = proc.stdout
+    assert b"|" in out, proc.stderr
+    assert SECRET_B.encode() not in out
+    assert b"Permission denied" in out

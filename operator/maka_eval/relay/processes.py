@@ -92,6 +92,22 @@ class CancelToken:
                 os.close(fd)
 
 
+_PR_SET_DUMPABLE = 4
+
+
+def hide_environment() -> bool:
+    """Make this process non-dumpable (Linux): its /proc entries (environ, cmdline, mem,
+    fds) then belong to root, so processes of the same user -- subjects run without
+    namespaces -- cannot read the credentials in its environment. False where it cannot."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return bool(libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0) == 0)
+    except (OSError, AttributeError):
+        return False
+
+
 def become_subreaper() -> bool:
     """Make this process adopt its orphaned descendants (Linux); False where unsupported."""
     if not sys.platform.startswith("linux"):
@@ -116,6 +132,9 @@ class ProcessSupervisor:
         self.pid = os.getpid()
         self.exclusive = exclusive
         self.subreaper = become_subreaper()
+        # This process holds every subject's credentials (the executor, or the relay):
+        # subjects that run as plain processes of the same user must not read them.
+        self.environment_hidden = hide_environment()
         self._lock = threading.Lock()
         self._managed: set[int] = set()
         # Every program spawn() started leads its own session; an orphan still in one of
