@@ -27,6 +27,11 @@ from tests.attacks.programs import prowler
 from tests.helpers import make_task, spec, write_experiment
 from tests.local.conftest import Setup
 
+SANDBOX = "process sandbox (namespaces)"
+"""Where these attacks run (bench/integrity_attacks.py prints it; a parameter naming
+another sandbox, such as `policed`, says so in the test's id)."""
+ATTACK_CLASS = "reading around the sandbox"
+
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(
@@ -197,8 +202,10 @@ def test_the_machines_credentials_in_etc_are_masked(setup, tmp_path):
     shadow = Path("/etc/shadow").read_text()
     root_hash = next(line for line in shadow.splitlines() if line.startswith("root:"))
     assert root_hash not in said
-    # The mask is an empty file or one nothing may open: either way nothing to read.
-    assert said.split("== /etc/shadow\n", 1)[1].split("== ", 1)[0] in (
+    # Not in the sandbox's /etc at all (or masked in place: nothing to read either way).
+    shown = said.split("== /etc/shadow\n", 1)[1].split("== ", 1)[0]
+    assert shown in ("", "cat: /etc/shadow: No such file or directory\n",
+                     "cat: /etc/shadow: Permission denied\n"), shown
         "",
         "cat: /etc/shadow: Permission denied\n",
     )

@@ -29,6 +29,11 @@ from tests.helpers import make_task, spec, write_experiment
 S = AttemptStatus
 ISOLATED = {"kind": "local", "config": {"isolation": "namespaces", "sandbox": "process"}}
 
+SANDBOX = "process sandbox (namespaces)"
+"""Where these attacks run (bench/integrity_attacks.py prints it; a parameter naming
+another sandbox, such as `policed`, says so in the test's id)."""
+ATTACK_CLASS = "names and text that reach a terminal"
+
 pytestmark = pytest.mark.skipif(
     namespaces_unavailable() is not None,
     reason=f"the namespace sandbox cannot run here: {namespaces_unavailable()}",

@@ -24,6 +24,11 @@ from tests.attacks.programs import spy
 from tests.egress.policing import WHY_NOT as CANNOT_POLICE
 from tests.helpers import REWARD_ONE, spec
 
+SANDBOX = "process sandbox (namespaces)"
+"""Where these attacks run (bench/integrity_attacks.py prints it; a parameter naming
+another sandbox, such as `policed`, says so in the test's id)."""
+ATTACK_CLASS = "credentials"
+
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(

@@ -24,6 +24,11 @@ from tests.egress.fake_provider import FakeProvider
 from tests.egress.policing import WHY_NOT
 from tests.helpers import REWARD_ONE, make_task, spec, write_experiment
 
+SANDBOX = "process sandbox, metered"
+"""Where these attacks run (bench/integrity_attacks.py prints it; a parameter naming
+another sandbox, such as `policed`, says so in the test's id)."""
+ATTACK_CLASS = "self-reported usage and cost"
+
 S = AttemptStatus
 PROTOCOL = '"protocol":"maka.eval.result.v1","status":"completed"'
 HONEST_FRAME = f'{{{PROTOCOL},"usage":{{"inputTokens":90,"outputTokens":10}},"costUsd":0.01}}'

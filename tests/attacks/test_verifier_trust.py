@@ -20,6 +20,11 @@ from maka_eval.sandbox.process import namespaces_unavailable
 from maka_eval.store.run_store import read_run
 from tests.helpers import spec
 
+SANDBOX = "process sandbox (namespaces)"
+"""Where these attacks run (bench/integrity_attacks.py prints it; a parameter naming
+another sandbox, such as `policed`, says so in the test's id)."""
+ATTACK_CLASS = "code planted for the verifier"
+
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(

@@ -17,9 +17,11 @@ by one attempt only and dies with it; only the slot is reused, once unmounted.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import select
+import shutil
 import signal
 import stat
 import subprocess
@@ -161,21 +163,85 @@ def seen_at(lay: Layout) -> dict[str, str]:
 
 @cache
 def _system_binds() -> tuple[str, ...]:
-    """The machine's runtime folders, read-only (symlinks kept as symlinks), and in /etc
-    a mask over everything an unprivileged user could not read."""
+    """The machine's runtime folders, read-only (symlinks kept as symlinks), with an
+    /etc in which nothing is that others may not read (`etc_view`)."""
     args: list[str] = []
     for name in SYSTEM_FOLDERS:
         path = f"/{name}"
         if os.path.islink(path):
             args += ["--symlink", os.readlink(path), path]
+        elif name == "etc":
+            view = etc_view()
+            if view is not None:
+                args += ["--ro-bind", view, path]
+            else:  # masked in place: slower (a mount per entry), the same view
+                args += ["--ro-bind", path, path]
+                for hidden, is_dir in unreadable_files(path):
+                    if is_dir:
+                        args += ["--tmpfs", hidden, "--remount-ro", hidden]
+                    else:
+                        args += ["--ro-bind", "/dev/null", hidden]
         elif os.path.isdir(path):
             args += ["--ro-bind", path, path]
-    for path, is_dir in unreadable_files("/etc"):
-        if is_dir:
-            args += ["--tmpfs", path, "--remount-ro", path]
-        else:
-            args += ["--ro-bind", "/dev/null", path]
     return tuple(args)
+
+
+ETC_VIEWS = "/run/maka-eval/etc"
+"""Where each process keeps its copy of /etc for the sandboxes (`etc_view`); /run is
+never shown to a sandbox."""
+
+
+@cache
+def etc_view(views: str = ETC_VIEWS) -> str | None:
+    """A copy of /etc without what others may not read (shadow files, private keys,
+    sudoers, keytabs: the machine's credentials, which a root subject could otherwise
+    read), made once per process and shown as the sandbox's /etc in one mount (masking
+    each such entry in place would cost a mount each, in every sandbox, and name them in
+    its mount table). A snapshot: /etc as it was when the first sandbox was made. None
+    when it cannot be made (the sandboxes then mask in place)."""
+    try:
+        os.makedirs(views, mode=0o700, exist_ok=True)
+        _sweep_views(views)
+        target = os.path.join(views, f"{os.getpid()}.{time.monotonic_ns()}")
+        _copy_readable("/etc", target)
+    except OSError:
+        return None
+    atexit.register(shutil.rmtree, target, True)
+    return target
+
+
+def _sweep_views(views: str) -> None:
+    """Remove the copies of processes that are gone (even killed with SIGKILL)."""
+    for name in os.listdir(views):
+        pid = name.split(".", 1)[0]
+        if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+            shutil.rmtree(os.path.join(views, name), ignore_errors=True)
+
+
+def _copy_readable(source: str, target: str) -> None:
+    """Copy what others may read of `source` (regular files, folders, links kept as
+    links; modes and owners kept) into the new folder `target`."""
+    info = os.lstat(source)
+    os.mkdir(target, 0o700)
+    for entry in os.scandir(source):
+        path, copy = entry.path, os.path.join(target, entry.name)
+        try:
+            mode = entry.stat(follow_symlinks=False)
+        except OSError:
+            continue
+        if entry.is_symlink():
+            os.symlink(os.readlink(path), copy)
+            continue
+        if not mode.st_mode & stat.S_IROTH:
+            continue  # the machine's credentials: not in the sandbox's /etc at all
+        if entry.is_dir(follow_symlinks=False):
+            _copy_readable(path, copy)
+        elif entry.is_file(follow_symlinks=False):
+            shutil.copyfile(path, copy, follow_symlinks=False)
+            os.chmod(copy, stat.S_IMODE(mode.st_mode))
+            os.chown(copy, mode.st_uid, mode.st_gid, follow_symlinks=False)
+    os.chmod(target, stat.S_IMODE(info.st_mode))
+    os.chown(target, info.st_uid, info.st_gid)
 
 
 def runtime_path(path: str | None) -> str:
