@@ -478,6 +478,7 @@ class Gateway:
                 with contextlib.suppress(ConnectionError):
                     client.writer.write(_response(refusal.status, refusal.reason, extra))
                     await client.drain()
+                await _linger(client)
         except (ConnectionError, TimeoutError) as exc:
             if exchange.destination is not None:
                 self._audit(exchange, "end", None, f"connection ended: {type(exc).__name__}")
@@ -759,6 +760,27 @@ class Gateway:
                 seconds=round(time.monotonic() - exchange.started, 3),
             )
         self.audit(event)
+
+
+LINGER_SECONDS = 2.0
+LINGER_BYTES = 1024 * 1024
+
+
+async def _linger(client: http1.Peer) -> None:
+    """After a refusal: end the answer (half-close), then read and drop what the client
+    still sends, briefly and up to a bound. Closing with unread bytes would reset the
+    connection, and a client may then lose the answer it has not read yet."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + LINGER_SECONDS
+    dropped = 0
+    with contextlib.suppress(OSError, TimeoutError):
+        if client.writer.can_write_eof():
+            client.writer.write_eof()
+        while dropped < LINGER_BYTES and (left := deadline - loop.time()) > 0:
+            data = await asyncio.wait_for(client.reader.read(65536), left)
+            if not data:
+                break
+            dropped += len(data)
 
 
 def _end_to_end(headers: Any, drop: Iterable[bytes]) -> list[tuple[bytes, bytes]]:

@@ -12,7 +12,9 @@ hop, or a future h11) could read another way. These checks only ever refuse; non
 them decides where a message ends, so they cannot disagree with h11 about framing:
 
 - a chunk whose data is not followed by CRLF (h11 0.14 skips those two bytes unread,
-  CVE-2025-43859; 0.16 refuses them itself): checked on h11's own unread buffer;
+  CVE-2025-43859; 0.16 refuses them itself), and a request chunk announced larger than
+  `MAX_CHUNK_SIZE` (a reader with 64-bit sizes wraps `10000000000000005` to 5): both
+  checked on h11's own unread buffer, where its events say a footer or size comes next;
 - on a request head, as h11 delimited it: obsolete line folding, a repeated or
   comma-listed Content-Length (h11 merges equal ones), both Transfer-Encoding and
   Content-Length, Transfer-Encoding in an HTTP/1.0 request, a framing header spelt with
@@ -42,6 +44,10 @@ READ = 65536
 MAX_CONTENT_LENGTH = 2**31 - 1
 """The largest request Content-Length forwarded: every reader, 32-bit ones too, reads it
 as it is."""
+MAX_CHUNK_SIZE = MAX_CONTENT_LENGTH
+"""The largest chunk a request may announce (h11 takes up to 20 hex digits, 2**80)."""
+_MAX_CHUNK_DIGITS = 20
+_HEX_DIGITS = b"0123456789abcdefABCDEF"
 
 FRAMING_HEADERS = (b"content-length", b"transfer-encoding")
 """The headers that delimit a body (lower case): the gateway makes them anew."""
@@ -152,6 +158,10 @@ class Peer:
         self._eof = False
         self._eof_fed = False
         self._footer_due = False
+        """h11 is about to skip a chunk's footer: see that it is CRLF first."""
+        self._size_due = False
+        """h11 is about to read a request's chunk size: see that it is not huge first."""
+        self._chunked_request = False
         self._ahead: h11.Event | None = None
         self._received_any = False
 
@@ -236,16 +246,10 @@ class Peer:
     def _next(self) -> Event:
         """h11's next event from what was read (NEED_DATA: read more first)."""
         while True:
-            if self._footer_due:
-                unread, closed = self.conn.trailing_data
-                footer = unread[:2]
-                if footer != b"\r\n"[: len(footer)]:
-                    raise FramingError("a chunk's data is not followed by CRLF")
-                if len(unread) < 2 and not closed:
-                    if self._feed():
-                        continue
-                    return h11.NEED_DATA
-                self._footer_due = False
+            if (self._footer_due or self._size_due) and not self._check_unread():
+                if self._feed():
+                    continue
+                return h11.NEED_DATA
             head = self.conn.our_role is h11.SERVER and self.conn.their_state is h11.IDLE
             before = self.conn.trailing_data[0] if head else b""
             try:
@@ -260,6 +264,33 @@ class Peer:
                 return event
             if isinstance(event, h11.Request) and head:
                 check_head(event, before[: len(before) - len(self.conn.trailing_data[0])])
-            if isinstance(event, h11.Data) and event.chunk_end:
+                self._chunked_request = request_body(event).framing is Framing.CHUNKED
+                self._size_due = self._chunked_request
+            elif isinstance(event, h11.Data) and event.chunk_end:
                 self._footer_due = True
+            elif isinstance(event, h11.EndOfMessage):
+                self._chunked_request = self._size_due = False
             return event
+
+    def _check_unread(self) -> bool:
+        """Refuse (FramingError) a chunk footer other than CRLF, and a request's chunk
+        size past MAX_CHUNK_SIZE, in the bytes h11 reads next (h11's events say where
+        those are); False when more bytes are needed to tell."""
+        unread, closed = self.conn.trailing_data
+        if self._footer_due:
+            footer = unread[:2]
+            if footer != b"\r\n"[: len(footer)]:
+                raise FramingError("a chunk's data is not followed by CRLF")
+            if len(footer) < 2:
+                return closed  # closed: h11 reports the cut body
+            self._footer_due = False
+            self._size_due = self._chunked_request
+            unread = unread[2:]
+        if self._size_due:
+            digits = len(unread) - len(unread.lstrip(_HEX_DIGITS))
+            if digits > _MAX_CHUNK_DIGITS or int(unread[:digits] or b"0", 16) > MAX_CHUNK_SIZE:
+                raise FramingError(f"a chunk size of {digits} hex digits past {MAX_CHUNK_SIZE}")
+            if digits == len(unread) and not closed:
+                return False
+            self._size_due = False
+        return True
