@@ -496,6 +496,8 @@ class RecordingUpstream:
 
     def __init__(self, host: str = "127.0.0.1") -> None:
         self.host = host
+        self.reply: bytes | None = None
+        """Raw bytes to answer instead (a response the test writes, malformed or not)."""
         self.connections: list[Recorded] = []
         self._lock = threading.Lock()
         self._listener = socket.create_server((host, 0))
@@ -545,8 +547,9 @@ class RecordingUpstream:
                         "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n"
                         f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
                     )
+                    reply = self.reply if self.reply is not None else head.encode() + body
                     with contextlib.suppress(OSError):
-                        conn.sendall(head.encode() + body)
+                        conn.sendall(reply)
                         conn.shutdown(socket.SHUT_WR)
         finally:
             conn.close()
@@ -648,10 +651,11 @@ class Reply:
     body: bytes
 
 
-def read_replies(data: bytes) -> list[Reply]:
+def read_replies(data: bytes, *, head: bool = False) -> list[Reply]:
     """The gateway's answers on one connection, in order (interim 1xx ones included);
     AssertionError if they are not well framed (every final one has a Content-Length,
-    as the upstream's and the gateway's own refusals do) or bytes are left over."""
+    as the upstream's and the gateway's own refusals do) or bytes are left over. `head`:
+    the requests were HEAD, whose answers have no body whatever their length says."""
     replies = []
     position = 0
     while position < len(data):
@@ -669,7 +673,7 @@ def read_replies(data: bytes) -> list[Reply]:
         names = [n for n, _ in headers]
         assert "transfer-encoding" not in names, headers
         body = b""
-        if int(status) >= 200:
+        if int(status) >= 200 and not head:
             (length,) = [v for n, v in headers if n == "content-length"]
             body = data[position : position + int(length)]
             assert len(body) == int(length), f"a cut answer body: {body!r}"
