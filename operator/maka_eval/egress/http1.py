@@ -37,8 +37,10 @@ from typing import Any
 import h11
 
 FEED = 4096
-"""Bytes handed to h11 at a time: the chunk-footer check copies h11's unread buffer, so
-a body of tiny chunks costs a copy of at most this much per chunk."""
+"""The least handed to h11 at a time in a chunked body. The footer and size checks copy
+h11's unread buffer once a chunk: it is fed about four chunks' worth at a time (between
+this and READ), so a body of tiny chunks costs a small copy per chunk, one of large
+chunks few calls."""
 READ = 65536
 """Bytes read from a socket at a time."""
 MAX_CONTENT_LENGTH = 2**31 - 1
@@ -151,6 +153,7 @@ class Peer:
         head_limit: int,
     ) -> None:
         self.conn = h11.Connection(role, max_incomplete_event_size=head_limit)
+        self._head_limit = head_limit
         self.reader = reader
         self.writer = writer
         self._pending = bytearray()
@@ -162,6 +165,11 @@ class Peer:
         self._size_due = False
         """h11 is about to read a request's chunk size: see that it is not huge first."""
         self._chunked_request = False
+        self._chunked = False
+        """A chunked body is being read (requests and responses alike)."""
+        self._chunk_hint = 0
+        self._chunk_bytes = 0
+        """The size of the last whole chunk's data; of the current one so far."""
         self._ahead: h11.Event | None = None
         self._received_any = False
 
@@ -234,8 +242,14 @@ class Peer:
     def _feed(self) -> bool:
         """Give h11 the next slice of what was read; False when there is none."""
         if self._pending:
-            self.conn.receive_data(bytes(self._pending[:FEED]))
-            del self._pending[:FEED]
+            if self.conn.their_state in (h11.IDLE, h11.SEND_RESPONSE):
+                size = FEED  # a head: h11 measures the incomplete one against its limit
+            elif self._chunked:
+                size = min(READ, max(FEED, 4 * self._chunk_hint))
+            else:
+                size = READ
+            self.conn.receive_data(bytes(self._pending[:size]))
+            del self._pending[:size]
             return True
         if self._eof and not self._eof_fed:
             self._eof_fed = True
@@ -263,13 +277,22 @@ class Peer:
                     continue
                 return event
             if isinstance(event, h11.Request) and head:
-                check_head(event, before[: len(before) - len(self.conn.trailing_data[0])])
+                raw = before[: len(before) - len(self.conn.trailing_data[0])]
+                if len(raw) > self._head_limit:
+                    raise FramingError(f"the request head is larger than {self._head_limit}", 431)
+                check_head(event, raw)
                 self._chunked_request = request_body(event).framing is Framing.CHUNKED
-                self._size_due = self._chunked_request
-            elif isinstance(event, h11.Data) and event.chunk_end:
-                self._footer_due = True
+                self._size_due = self._chunked = self._chunked_request
+            elif isinstance(event, h11.Response):
+                self._chunked = bool(values(event.headers, b"transfer-encoding"))
+            elif isinstance(event, h11.Data):
+                self._chunk_bytes += len(event.data)
+                if event.chunk_end:
+                    self._footer_due = True
+                    self._chunk_hint, self._chunk_bytes = self._chunk_bytes, 0
             elif isinstance(event, h11.EndOfMessage):
-                self._chunked_request = self._size_due = False
+                self._chunked_request = self._size_due = self._chunked = False
+                self._chunk_hint = self._chunk_bytes = 0
             return event
 
     def _check_unread(self) -> bool:
