@@ -611,6 +611,10 @@ class InProcessGateway:
 
         async def close() -> None:
             self._server.close()
+            others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in others:  # connections still lingering after a refusal
+                task.cancel()
+            await asyncio.gather(*others, return_exceptions=True)
             await self._server.wait_closed()
 
         with contextlib.suppress(Exception):

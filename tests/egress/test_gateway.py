@@ -725,8 +725,22 @@ def test_a_chunked_body_is_forwarded_as_h11_read_it_not_as_it_came(
         (b" GET http://127.0.0.1:{port}/ HTTP/1.1\r\nHost: x\r\n\r\n", 400),
         (b"GET http://127.0.0.1:{port}/ HTTP/1.1\r\nHost: x\r\nX: " + b"a" * 70000, 431),
         (b"CONNECT 127.0.0.1:{port} HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\nabc", 400),
+        (
+            b"PUT http://127.0.0.1:{port}/ HTTP/1.1\r\nHost: x\r\nContent-Length: 1"
+            + b"0" * 5000
+            + b"\r\n\r\n",
+            400,
+        ),
     ],
-    ids=["no-host", "http-2", "two-hosts", "leading-space", "head-too-large", "connect-body"],
+    ids=[
+        "no-host",
+        "http-2",
+        "two-hosts",
+        "leading-space",
+        "head-too-large",
+        "connect-body",
+        "5000-digit-length",
+    ],
 )
 def test_a_request_h11_refuses_is_answered_and_what_follows_is_never_read(
     gateway: GatewayProcess, recorder: RecordingUpstream, head: bytes, status: int
@@ -812,9 +826,10 @@ def test_responses_are_forwarded_reframed(
         (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n", 502),
         (b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n\r\n", 502),
         (b"HTTP/1.1 2000 OK\r\n\r\n", 502),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: " + b"1" * 5000 + b"\r\n\r\n", 502),
         (b"", 502),
     ],
-    ids=["two-lengths", "gzip", "upgrade", "bad-status", "nothing"],
+    ids=["two-lengths", "gzip", "upgrade", "bad-status", "5000-digit-length", "nothing"],
 )
 def test_a_response_h11_refuses_is_a_bad_gateway(
     gateway: GatewayProcess, recorder: RecordingUpstream, reply: bytes, status: int

@@ -5,7 +5,7 @@ head ends, which body framing applies, chunk sizes and extensions, trailers, whe
 connection may carry another request) is h11's, a well-kept parser that reads by the
 RFCs and refuses what they call invalid: `0x5`, `1_0`, `-1`, `+5` or ` 5` as a chunk size,
 more than 20 hex digits, a Transfer-Encoding other than `chunked`, conflicting
-Content-Lengths, a head larger than the limit.
+Content-Lengths, a missing or repeated Host, a head left incomplete past the limit.
 
 On top of h11 this module refuses what h11 lets through but a stricter reader (the next
 hop, or a future h11) could read another way. These checks only ever refuse; none of
@@ -20,10 +20,11 @@ them decides where a message ends, so they cannot disagree with h11 about framin
   Content-Length, Transfer-Encoding in an HTTP/1.0 request, a framing header spelt with
   `_` (some servers read `Transfer_Encoding` as `Transfer-Encoding`), a Content-Length
   past `MAX_CONTENT_LENGTH` (h11 0.14 takes any number of digits; a 64- or 32-bit reader
-  would wrap it), an HTTP version other than 1.0 and 1.1.
+  would wrap it), an HTTP version other than 1.0 and 1.1, a whole head past the limit.
 
-The gateway never forwards a byte it read: what it sends is built from these events
-(`Peer.send`), so the next hop reads exactly the framing h11 read.
+The gateway never forwards the HTTP bytes it read (a tunnel's bytes are not HTTP): what
+it sends is built from these events (`Peer.send`), so the next hop reads exactly the
+framing h11 read.
 """
 
 from __future__ import annotations
@@ -171,17 +172,10 @@ class Peer:
         self._chunk_bytes = 0
         """The size of the last whole chunk's data; of the current one so far."""
         self._ahead: h11.Event | None = None
-        self._received_any = False
-
-    @property
-    def received_any(self) -> bool:
-        """Whether the peer sent a byte of the current message yet."""
-        return self._received_any
 
     def start_next_cycle(self) -> None:
         """Ready for the next request on this connection (both sides are DONE)."""
         self.conn.start_next_cycle()
-        self._received_any = False
 
     @property
     def reusable(self) -> bool:
@@ -235,7 +229,6 @@ class Peer:
         data = await asyncio.wait_for(self.reader.read(READ), timeout)
         if data:
             self._pending += data
-            self._received_any = True
         else:
             self._eof = True
 
@@ -272,6 +265,8 @@ class Peer:
                 if self._eof_fed:
                     raise PeerClosed(str(exc)) from None
                 raise FramingError(str(exc), exc.error_status_hint) from None
+            except ValueError:  # h11 0.14's int() of a Content-Length past 4300 digits
+                raise FramingError("bad Content-Length") from None
             if event is h11.NEED_DATA:
                 if self._feed():
                     continue
