@@ -1,5 +1,7 @@
-"""Real processes around the egress gateway for tests: the gateway program itself, a
-recording upstream server (plain or TLS, with a throwaway CA), raw proxy requests."""
+"""Real processes around the egress gateway for tests: the gateway program itself (or
+its `Gateway` in this process), upstream servers (an HTTP(S) one with a throwaway CA; a
+raw one that records every byte, read back by a strict canonical reader), raw proxy
+requests and answers."""
 
 from __future__ import annotations
 
