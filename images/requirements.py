@@ -17,8 +17,9 @@ GROUPS = {
     # `maka-eval operator`: the CLI's entry point, the Kubernetes client, kopf, metrics.
     "operator": ("pydantic", "pyyaml", "typer", "rich", "kubernetes", "kopf", "prometheus-client"),
     # The egress sidecar and gateway: the standard library, maka_eval's egress and
-    # metering modules, mitmproxy, and prometheus-client for the gateway's metrics.
-    "egress": ("mitmproxy", "prometheus-client"),
+    # metering modules, mitmproxy, h11 (the gateway's HTTP/1.1 parser, which mitmproxy
+    # brings too) and prometheus-client for the gateway's metrics.
+    "egress": ("mitmproxy", "h11", "prometheus-client"),
     # The relay reads task settings (maka_eval.spec): pydantic and PyYAML.
     "relay": ("pydantic", "pyyaml"),
 }

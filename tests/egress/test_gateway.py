@@ -19,6 +19,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -29,12 +30,16 @@ from maka_eval.egress.proxy import ProxyHandle, start_proxy
 from tests.egress.gateway_harness import (
     KEY,
     GatewayProcess,
+    RecordingUpstream,
     Upstream,
     auth_header,
     basic,
     connect,
+    exchange_raw,
     make_tls,
     read_answer,
+    read_canonical,
+    read_replies,
     send,
     valid_credential,
     write_key,
@@ -204,7 +209,7 @@ def test_a_valid_credential_reaches_the_upstream_and_is_not_passed_on(
     # ...and a plain-HTTP request, re-serialized, its body forwarded (chunked too).
     answer = send(gateway.port, _get(f"http://127.0.0.1:{upstream.port}/plain?q=1", auth))
     assert answer.status == 200 and b"hello /plain?q=1" in answer.body
-    assert answer.headers["connection"] == "close"
+    assert "connection" not in answer.headers  # kept for another request (HTTP/1.1)
     chunked = _get(
         f"http://127.0.0.1:{upstream.port}/upload",
         auth,
@@ -313,6 +318,7 @@ async def _ask(gateway: Gateway, request: bytes) -> bytes:
     try:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(request)
+        writer.write_eof()  # no other request: the gateway closes after its answer
         await writer.drain()
         answer = await asyncio.wait_for(reader.read(), 10)
         writer.close()
@@ -381,8 +387,11 @@ def test_a_tunnel_ends_when_idle_both_ways_not_while_one_way_streams() -> None:
 
         async def tunnel(target: int) -> bytes:
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
-            head = f"CONNECT 127.0.0.1:{target} HTTP/1.1\r\nProxy-Authorization: {auth}\r\n"
-            writer.write(head.encode() + b"\r\n")
+            head = (
+                f"CONNECT 127.0.0.1:{target} HTTP/1.1\r\nHost: 127.0.0.1:{target}\r\n"
+                f"Proxy-Authorization: {auth}\r\n\r\n"
+            )
+            writer.write(head.encode())
             await writer.drain()
             assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 200")
             data = await asyncio.wait_for(reader.read(), 10)
@@ -623,3 +632,243 @@ def test_allow_port_values_are_checked() -> None:
     for bad in ("0", "65536", "http", "9-1", "-5", "1-"):
         with pytest.raises(ValueError, match="--allow-port"):
             _ports([bad])
+
+
+# -- HTTP/1.1 framing: h11 reads it, the gateway writes what h11 read -----------------------------
+
+
+@pytest.fixture
+def recorder() -> Iterator[RecordingUpstream]:
+    server = RecordingUpstream().start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def _request(port: int, method: str, path: str, auth: str | None, *extra: str) -> bytes:
+    lines = [f"{method} http://127.0.0.1:{port}{path} HTTP/1.1", f"Host: 127.0.0.1:{port}"]
+    if auth is not None:
+        lines.append(f"Proxy-Authorization: {auth}")
+    return ("\r\n".join([*lines, *extra]) + "\r\n\r\n").encode()
+
+
+def _decisions(gateway: GatewayProcess, count: int) -> list[tuple[str, int | None]]:
+    wait_until = time.monotonic() + 10
+    while True:
+        decided = [
+            (e["decision"], e.get("status")) for e in gateway.audit if e["decision"] != "end"
+        ]
+        if len(decided) >= count or time.monotonic() > wait_until:
+            return decided
+        time.sleep(0.02)
+
+
+def test_a_kept_connection_carries_more_requests_each_checked_as_the_first(
+    gateway: GatewayProcess, recorder: RecordingUpstream
+) -> None:
+    auth = auth_header(valid_credential())
+    forged = basic("ns1/attempt-1", "0" * 64)
+    port = recorder.port
+    stream = (
+        _request(port, "GET", "/one", auth)
+        + _request(port, "POST", "/two", auth, "Content-Length: 5")
+        + b"hello"
+        + _request(port, "GET", "/three", forged)  # pipelined behind, no valid credential
+        + _request(port, "GET", "/four", auth)  # after a refusal: never read
+    )
+    replies = read_replies(exchange_raw(gateway.port, [stream]))
+    assert [r.status for r in replies] == [200, 200, 407]
+    assert replies[0].body == b"upstream says hello /one (0 bytes)"
+    assert replies[1].body == b"upstream says hello /two (5 bytes)"
+    seen = [read_canonical(data) for data in recorder.take(2)]
+    assert [(s.request.method, s.request.target, s.request.body) for s in seen if s.request] == [
+        ("GET", "/one", b""),
+        ("POST", "/two", b"hello"),
+    ]
+    assert all(s.rest == b"" and not s.error for s in seen)
+    assert _decisions(gateway, 3) == [("allow", 200), ("allow", 200), ("deny", 407)]
+
+
+def test_a_chunked_body_is_forwarded_as_h11_read_it_not_as_it_came(
+    gateway: GatewayProcess, recorder: RecordingUpstream
+) -> None:
+    auth = auth_header(valid_credential())
+    head = _request(
+        recorder.port,
+        "POST",
+        "/upload",
+        auth,
+        "Transfer-Encoding: Chunked",
+        "Expect: 100-continue",
+        "Trailer: X-Sum",
+        "Connection: close",
+    )
+    body = b"5;name=value\r\nhello\r\nB \r\n, chunked  \r\n00000\r\nX-Sum: 1\r\n\r\n"
+    answer = exchange_raw(gateway.port, [head, body], pause=0.05)
+    replies = read_replies(answer)
+    assert [r.status for r in replies] == [100, 200]
+    assert ("connection", "close") in replies[1].headers
+    (data,) = recorder.take(1)
+    seen = read_canonical(data)  # one chunk size line per chunk, in lower-case hex
+    assert seen.request is not None and seen.rest == b"", seen
+    assert seen.request.body == b"hello, chunked  "
+    assert b"name=value" not in data and b"X-Sum" not in data and b"Expect" not in data
+
+
+@pytest.mark.parametrize(
+    ("head", "status"),
+    [
+        (b"GET http://127.0.0.1:{port}/ HTTP/1.1\r\nProxy-Authorization: {auth}\r\n\r\n", 400),
+        (b"GET http://127.0.0.1:{port}/ HTTP/2.0\r\nHost: x\r\n\r\n", 400),
+        (b"GET http://127.0.0.1:{port}/ HTTP/1.1\r\nHost: x\r\nHost: y\r\n\r\n", 400),
+        (b" GET http://127.0.0.1:{port}/ HTTP/1.1\r\nHost: x\r\n\r\n", 400),
+        (b"GET http://127.0.0.1:{port}/ HTTP/1.1\r\nHost: x\r\nX: " + b"a" * 70000, 431),
+        (b"CONNECT 127.0.0.1:{port} HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\nabc", 400),
+        (
+            b"PUT http://127.0.0.1:{port}/ HTTP/1.1\r\nHost: x\r\nContent-Length: 1"
+            + b"0" * 5000
+            + b"\r\n\r\n",
+            400,
+        ),
+    ],
+    ids=[
+        "no-host",
+        "http-2",
+        "two-hosts",
+        "leading-space",
+        "head-too-large",
+        "connect-body",
+        "5000-digit-length",
+    ],
+)
+def test_a_request_h11_refuses_is_answered_and_what_follows_is_never_read(
+    gateway: GatewayProcess, recorder: RecordingUpstream, head: bytes, status: int
+) -> None:
+    auth = auth_header(valid_credential())
+    bad = head.replace(b"{port}", str(recorder.port).encode()).replace(b"{auth}", auth.encode())
+    if b"Proxy-Authorization" not in bad:
+        bad = bad.replace(b"\r\n", f"\r\nProxy-Authorization: {auth}\r\n".encode(), 1)
+    follow = _request(recorder.port, "GET", "/after", auth)
+    replies = read_replies(exchange_raw(gateway.port, [bad + follow]))
+    assert [r.status for r in replies] == [status]
+    assert recorder.take(0) == []
+    assert _decisions(gateway, 1) == [("deny", status)]
+
+
+def test_bytes_sent_with_the_connect_go_into_the_tunnel(
+    gateway: GatewayProcess, upstream: Upstream
+) -> None:
+    # A client may send its first tunnel bytes (a TLS ClientHello) without waiting for
+    # the 200: they are the tunnel's, not a request of the gateway's.
+    auth = auth_header(valid_credential())
+    target = f"127.0.0.1:{upstream.port}"
+    connect_head = f"CONNECT {target} HTTP/1.1\r\nHost: {target}\r\nProxy-Authorization: {auth}"
+    inner = b"GET /early HTTP/1.1\r\nHost: up\r\nConnection: close\r\n\r\n"
+    answer = exchange_raw(gateway.port, [connect_head.encode() + b"\r\n\r\n" + inner])
+    assert answer.startswith(b"HTTP/1.1 200 Connection established\r\n\r\nHTTP/1.1 200 OK")
+    assert answer.endswith(b"upstream says hello /early (0 bytes)")
+    assert [s.path for s in upstream.seen] == ["/early"]
+
+
+def _through(gateway: GatewayProcess, recorder: RecordingUpstream, method: str = "GET") -> Any:
+    """A request through the gateway, its answer read by http.client (chunked too)."""
+    conn = http.client.HTTPConnection("127.0.0.1", gateway.port, timeout=20)
+    conn.putrequest(method, f"http://127.0.0.1:{recorder.port}/r", skip_host=True)
+    conn.putheader("Host", f"127.0.0.1:{recorder.port}")
+    conn.putheader("Proxy-Authorization", auth_header(valid_credential()))
+    conn.endheaders()
+    return conn, conn.getresponse()
+
+
+@pytest.mark.parametrize(
+    ("reply", "body", "framing"),
+    [
+        (
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+            b"5;ext=1\r\nhello\r\n0\r\nX-Trailer: t\r\n\r\n",
+            b"hello",
+            "chunked",
+        ),
+        (b"HTTP/1.0 200 OK\r\nX-Old: yes\r\n\r\nuntil the end", b"until the end", "chunked"),
+        (
+            b"HTTP/1.1 200 OK\r\nContent-Length: 99\r\nTransfer-Encoding: chunked\r\n\r\n"
+            b"3\r\nabc\r\n0\r\n\r\n",
+            b"abc",
+            "chunked",
+        ),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nConnection: close\r\n\r\nxyz", b"xyz", "3"),
+    ],
+    ids=["chunked", "until-close", "te-and-cl", "length"],
+)
+def test_responses_are_forwarded_reframed(
+    gateway: GatewayProcess, recorder: RecordingUpstream, reply: bytes, body: bytes, framing: str
+) -> None:
+    recorder.reply = reply
+    conn, response = _through(gateway, recorder)
+    try:
+        assert response.status == 200 and response.read() == body
+        if framing == "chunked":
+            assert response.getheader("Transfer-Encoding") == "chunked"
+            assert response.getheader("Content-Length") is None
+        else:
+            assert response.getheader("Content-Length") == framing
+        assert response.getheader("Connection") is None  # kept: the client's to close
+        assert response.getheader("X-Trailer") is None
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize(
+    ("reply", "status"),
+    [
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\nhello!", 502),
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n", 502),
+        (b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n\r\n", 502),
+        (b"HTTP/1.1 2000 OK\r\n\r\n", 502),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: " + b"1" * 5000 + b"\r\n\r\n", 502),
+        (b"", 502),
+    ],
+    ids=["two-lengths", "gzip", "upgrade", "bad-status", "5000-digit-length", "nothing"],
+)
+def test_a_response_h11_refuses_is_a_bad_gateway(
+    gateway: GatewayProcess, recorder: RecordingUpstream, reply: bytes, status: int
+) -> None:
+    recorder.reply = reply
+    conn, response = _through(gateway, recorder)
+    try:
+        assert response.status == status
+        assert b"upstream" in response.read()
+    finally:
+        conn.close()
+
+
+def test_a_response_body_broken_midway_is_cut_not_completed(
+    gateway: GatewayProcess, recorder: RecordingUpstream
+) -> None:
+    recorder.reply = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhelloXX2\r\nab"
+    conn, response = _through(gateway, recorder)
+    try:
+        assert response.status == 200  # the head went on before the body broke
+        with pytest.raises(http.client.IncompleteRead):
+            response.read()
+    finally:
+        conn.close()
+    event = gateway.wait_for(lambda e: e["decision"] == "error")
+    assert "not followed by CRLF" in event["reason"]
+
+
+def test_interim_responses_pass_and_a_head_response_has_no_body(
+    gateway: GatewayProcess, recorder: RecordingUpstream
+) -> None:
+    auth = auth_header(valid_credential())
+    recorder.reply = (
+        b"HTTP/1.1 103 Early Hints\r\nLink: </s.css>\r\n\r\n"
+        b"HTTP/1.1 200 OK\r\nContent-Length: 1234\r\n\r\n"
+    )
+    stream = b"".join(_request(recorder.port, "HEAD", path, auth) for path in ("/h", "/i"))
+    replies = read_replies(exchange_raw(gateway.port, [stream]), head=True)
+    # HEAD: the length of what a GET would get, no body; the next answer follows at once.
+    assert [(r.status, r.body) for r in replies] == [(103, b""), (200, b""), (103, b""), (200, b"")]
+    assert ("content-length", "1234") in replies[1].headers
+    assert ("link", "</s.css>") in replies[0].headers

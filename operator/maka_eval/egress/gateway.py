@@ -22,9 +22,15 @@ For a request with a valid credential the gateway
   plain-HTTP requests) as a second line behind the sidecar's;
 - writes every decision to stdout as one JSON object a line (the audit log).
 
-Missing or forged credential: 407. Refused destination: 403 with the reason. Plain HTTP
-requests (absolute-form) are forwarded one per connection; CONNECT tunnels carry TLS.
-`GET /healthz` (origin-form) answers 200 for the Deployment's probes.
+Missing or forged credential: 407. Refused destination: 403 with the reason. CONNECT
+tunnels carry TLS. Plain-HTTP requests (absolute-form) are read by h11 (`egress.http1`:
+framing is decided there and nowhere else) and forwarded re-framed from its events, never
+as the client's bytes, each over a connection of its own to the destination; the client
+may keep its connection for more (pipelined too), each request checked as the first was.
+Framing h11 or `http1.check_head` refuses (request smuggling's shapes: both
+Content-Length and Transfer-Encoding, a bad chunk size...) is answered 400 (431, 501) and
+the connection closed: nothing after it is read or forwarded. `GET /healthz`
+(origin-form) answers 200 for the Deployment's probes.
 
 Run: `python -m maka_eval.egress.gateway --key-file /etc/maka-eval/gateway/key`.
 """
@@ -47,7 +53,9 @@ from pathlib import Path
 from typing import Any, TextIO
 from urllib.parse import urlsplit
 
-from maka_eval.egress import credential
+import h11
+
+from maka_eval.egress import credential, http1
 from maka_eval.egress.policy import EgressPolicy, PolicyError, Verdict
 
 DEFAULT_PORT = 3128
@@ -62,7 +70,8 @@ def port_ranges_text(ranges: Iterable[PortRange]) -> str:
 
 
 HEAD_LIMIT = 64 * 1024
-"""Largest request or response head (request line and headers) the gateway reads."""
+"""Largest request or response head (request line and headers) the gateway reads; also
+the longest chunk-size line or trailer section (h11's max_incomplete_event_size)."""
 REALM = "maka-eval egress gateway"
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -97,17 +106,18 @@ _SHARED = ipaddress.ip_network("100.64.0.0/10")
 _HOST_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789-._")
 _HOP_BY_HOP = frozenset(
     {
-        "connection",
-        "proxy-connection",
-        "keep-alive",
-        "proxy-authorization",
-        "proxy-authenticate",
-        "te",
-        "trailer",
-        "upgrade",
-        "expect",
+        b"connection",
+        b"proxy-connection",
+        b"keep-alive",
+        b"proxy-authorization",
+        b"proxy-authenticate",
+        b"te",
+        b"trailer",
+        b"upgrade",
+        b"expect",
     }
 )
+"""Headers never passed on (the framing headers neither: they are made anew)."""
 _REASONS = {
     200: "OK",
     400: "Bad Request",
@@ -274,51 +284,6 @@ async def system_resolve(host: str, port: int) -> list[str]:
 # -- requests --------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Head:
-    """A parsed HTTP/1.x request or response head."""
-
-    start: tuple[str, str, str]
-    """(method, target, version) of a request; (version, status, reason) of a response."""
-    headers: tuple[tuple[str, str], ...]
-
-    def values(self, name: str) -> list[str]:
-        lowered = name.lower()
-        return [v for k, v in self.headers if k.lower() == lowered]
-
-    def get(self, name: str) -> str | None:
-        found = self.values(name)
-        return found[0] if found else None
-
-
-def parse_head(data: bytes, *, response: bool = False) -> Head:
-    """Parse a head ending in CRLF CRLF; Refusal(400) (502 for a response) if malformed."""
-    status = 502 if response else 400
-    try:
-        text = data.decode("iso-8859-1")
-    except UnicodeDecodeError:  # pragma: no cover - latin-1 decodes every byte
-        raise Refusal(status, "undecodable head") from None
-    lines = text[: -len("\r\n\r\n")].split("\r\n") if text.endswith("\r\n\r\n") else []
-    if not lines:
-        raise Refusal(status, "incomplete head")
-    parts = lines[0].split(" ", 2)
-    if response:
-        if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit():
-            raise Refusal(status, f"malformed status line {lines[0][:100]!r}")
-        start = (parts[0], parts[1], parts[2] if len(parts) == 3 else "")
-    else:
-        if len(parts) != 3 or not parts[2].startswith("HTTP/1.") or not parts[0].isalpha():
-            raise Refusal(status, f"malformed request line {lines[0][:100]!r}")
-        start = (parts[0], parts[1], parts[2])
-    headers = []
-    for line in lines[1:]:
-        name, sep, value = line.partition(":")
-        if not sep or not name or name != name.strip() or any(c in name for c in " \t"):
-            raise Refusal(status, f"malformed header line {line[:100]!r}")
-        headers.append((name, value.strip()))
-    return Head(start, tuple(headers))
-
-
 def _response(status: int, reason: str, extra: Mapping[str, str] | None = None) -> bytes:
     body = (reason + "\n").encode()
     lines = [
@@ -342,9 +307,8 @@ class Destination:
     """The origin-form target of a plain-HTTP request (empty for CONNECT)."""
 
 
-def destination_of(head: Head) -> Destination:
+def destination_of(method: str, target: str) -> Destination:
     """The destination of a CONNECT or an absolute-form request; Refusal(400) otherwise."""
-    method, target, _ = head.start
     if method == "CONNECT":
         host, port = split_authority(target)
         shown = f"[{host}]" if ":" in host else host
@@ -415,6 +379,8 @@ class _Exchange:
     check: str = "none"
     """What decided a refusal (Refusal.check); "none" for an allowed request."""
     rule: str = ""
+    responded: bool = False
+    """Whether the client has the head of an answer (no refusal can follow then)."""
     started: float = field(default_factory=time.monotonic)
     active: float = field(default_factory=time.monotonic)
     """When a byte last moved, in either direction (the idle timeout's clock)."""
@@ -447,68 +413,97 @@ class Gateway:
     # -- one connection ------------------------------------------------------------------
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = writer.get_extra_info("peername")
-        exchange = _Exchange(client=str(peer[0]) if peer else "?")
+        client = http1.Peer(h11.SERVER, reader, writer, head_limit=HEAD_LIMIT)
+        try:
+            while await self._exchange(client, str(peer[0]) if peer else "?"):
+                client.start_next_cycle()
+        finally:
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+
+    async def _exchange(self, client: http1.Peer, address: str) -> bool:
+        """One request on a client connection, from its head to the end of its response
+        or tunnel; True when the connection may carry another request."""
+        exchange = _Exchange(client=address)
         upstream: asyncio.StreamWriter | None = None
         try:
-            try:
-                data = await asyncio.wait_for(
-                    reader.readuntil(b"\r\n\r\n"), self.settings.head_timeout
-                )
-            except (asyncio.IncompleteReadError, TimeoutError, ConnectionError):
-                return
-            except asyncio.LimitOverrunError:
-                raise Refusal(431, f"the request head is larger than {HEAD_LIMIT} bytes") from None
-            head = parse_head(data)
-            exchange.method = head.start[0]
-            if head.start[1].startswith("/"):
-                if head.start[0] == "GET" and head.start[1] == "/healthz":
-                    writer.write(_response(200, "ok"))
-                    await writer.drain()
-                    return
+            request = await self._next_request(client)
+            if request is None:
+                return False
+            exchange.method = method = request.method.decode("ascii")
+            target = request.target.decode("ascii")
+            if target.startswith("/"):
+                if method == "GET" and target == "/healthz":
+                    client.writer.write(_response(200, "ok"))
+                    await client.drain()
+                    return False
                 raise Refusal(400, "this is a proxy: send CONNECT or an absolute URL")
-            exchange.identity = credential.verify(
-                self.settings.keys, head.get("Proxy-Authorization")
-            )
+            authorization = http1.values(request.headers, b"proxy-authorization")
+            header = authorization[0].decode("iso-8859-1") if authorization else None
+            exchange.identity = credential.verify(self.settings.keys, header)
             if exchange.identity is None:
-                missing = head.get("Proxy-Authorization") is None
-                raise Refusal(
-                    407,
-                    "no attempt credential" if missing else "the attempt credential is not valid",
-                )
-            framing = _body_framing(head) if head.start[0] != "CONNECT" else ("none", 0)
-            exchange.destination = destination = destination_of(head)
-            addresses = await self._check(destination, plain=head.start[0] != "CONNECT")
+                missing = header is None
+                why = "no attempt credential" if missing else "the attempt credential is not valid"
+                raise Refusal(407, why)
+            body = http1.request_body(request)
+            if method == "CONNECT" and body.framing is not http1.Framing.NONE:
+                raise Refusal(400, "a CONNECT request has no body")
+            exchange.destination = destination = destination_of(method, target)
+            addresses = await self._check(destination, plain=method != "CONNECT")
             up_reader, upstream, exchange.address = await self._connect(addresses, destination.port)
             self._audit(exchange, "allow", 200)
-            if head.start[0] == "CONNECT":
-                writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
-                await writer.drain()
-                await self._tunnel(exchange, reader, writer, up_reader, upstream)
+            if method == "CONNECT":
+                await self._open_tunnel(exchange, client, up_reader, upstream)
+                more = False
             else:
-                await self._forward(exchange, head, framing, reader, writer, up_reader, upstream)
+                more = await self._forward(exchange, request, body, client, up_reader, upstream)
             self._audit(exchange, "end", None)
-        except Refusal as refusal:
+            return more
+        except (Refusal, http1.FramingError) as error:
+            refusal = (
+                error
+                if isinstance(error, Refusal)
+                else Refusal(error.status, error.reason, check="request")
+            )
             decision = "deny" if refusal.status < 500 else "error"
             exchange.check, exchange.rule = refusal.check, refusal.rule
             self._audit(exchange, decision, refusal.status, refusal.reason)
-            extra = (
-                {"Proxy-Authenticate": f'Basic realm="{REALM}"'} if refusal.status == 407 else None
-            )
-            with contextlib.suppress(ConnectionError):
-                writer.write(_response(refusal.status, refusal.reason, extra))
-                await writer.drain()
-        except (ConnectionError, TimeoutError, asyncio.IncompleteReadError) as exc:
+            if not exchange.responded:  # else the client sees its response cut short
+                extra = (
+                    {"Proxy-Authenticate": f'Basic realm="{REALM}"'}
+                    if refusal.status == 407
+                    else None
+                )
+                with contextlib.suppress(ConnectionError):
+                    client.writer.write(_response(refusal.status, refusal.reason, extra))
+                    await client.drain()
+                await _linger(client)
+        except (ConnectionError, TimeoutError) as exc:
             if exchange.destination is not None:
                 self._audit(exchange, "end", None, f"connection ended: {type(exc).__name__}")
         except Exception as exc:  # one connection's failure never stops the gateway
             exchange.check = "internal"
             self._audit(exchange, "error", None, f"{type(exc).__name__}: {exc}"[:500])
         finally:
-            for w in (upstream, writer):
-                if w is not None:
-                    w.close()
-                    with contextlib.suppress(Exception):
-                        await w.wait_closed()
+            if upstream is not None:
+                upstream.close()
+                with contextlib.suppress(Exception):
+                    await upstream.wait_closed()
+        return False
+
+    async def _next_request(self, client: http1.Peer) -> h11.Request | None:
+        """The next request's head, whole within the head timeout (also how long a kept
+        connection may idle); None when the client closes or is too slow."""
+        try:
+            event = await asyncio.wait_for(client.receive(None), self.settings.head_timeout)
+        except (TimeoutError, ConnectionError):
+            return None
+        if isinstance(event, h11.ConnectionClosed):
+            return None
+        if not isinstance(event, h11.Request):  # pragma: no cover - h11's state machine
+            raise RuntimeError(f"a request was expected, not {event!r}")
+        return event
 
     async def _check(self, destination: Destination, *, plain: bool) -> list[str]:
         """The addresses to connect to; Refusal(403) when the destination is refused."""
@@ -623,76 +618,113 @@ class Gateway:
                 pipe.cancel()
             await asyncio.gather(*pipes, return_exceptions=True)
 
-    async def _forward(
+    async def _open_tunnel(
         self,
         exchange: _Exchange,
-        head: Head,
-        framing: tuple[str, int],
-        client_reader: asyncio.StreamReader,
-        client: asyncio.StreamWriter,
+        client: http1.Peer,
         up_reader: asyncio.StreamReader,
         upstream: asyncio.StreamWriter,
     ) -> None:
-        """One plain-HTTP request, re-serialized, then its response; the connection
-        closes after it (no second request can ride on a checked connection)."""
+        """Answer the CONNECT, then carry bytes both ways: those the client sent early
+        (after its CONNECT, before the answer) first."""
+        end = await client.receive(self.settings.head_timeout)
+        if not isinstance(end, h11.EndOfMessage):  # pragma: no cover - no body was checked
+            raise RuntimeError(f"the CONNECT's end was expected, not {end!r}")
+        client.send(h11.Response(status_code=200, headers=[], reason=b"Connection established"))
+        exchange.responded = True
+        await client.drain()
+        early = client.leftover()
+        if early:
+            upstream.write(early)
+            exchange.sent += len(early)
+            await upstream.drain()
+        await self._tunnel(exchange, client.reader, client.writer, up_reader, upstream)
+
+    async def _forward(
+        self,
+        exchange: _Exchange,
+        request: h11.Request,
+        body: http1.Body,
+        client: http1.Peer,
+        up_reader: asyncio.StreamReader,
+        up_writer: asyncio.StreamWriter,
+    ) -> bool:
+        """One plain-HTTP request, made anew from h11's events (the credential and hop-by-hop
+        headers dropped, the body re-framed), then its response, re-framed the same way;
+        True when the client's connection may carry another request."""
         destination = exchange.destination
         assert destination is not None
-        method, _, _ = head.start
-        listed = {
-            token.strip().lower()
-            for value in head.values("Connection")
-            for token in value.split(",")
-            if token.strip()
-        }
-        lines = [f"{method} {destination.path} HTTP/1.1"]
+        upstream = http1.Peer(h11.CLIENT, up_reader, up_writer, head_limit=HEAD_LIMIT)
         netloc = f"[{destination.host}]" if ":" in destination.host else destination.host
-        lines.append(f"Host: {netloc}" + (f":{destination.port}" if destination.port != 80 else ""))
-        for name, value in head.headers:
-            lowered = name.lower()
-            if lowered in _HOP_BY_HOP or lowered in listed or lowered == "host":
-                continue
-            lines.append(f"{name}: {value}")
-        lines.append("Connection: close")
-        upstream.write(("\r\n".join(lines) + "\r\n\r\n").encode("iso-8859-1"))
-        kind, length = framing
-        if kind != "none" and any(
-            v.strip().lower() == "100-continue" for v in head.values("Expect")
-        ):
-            client.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        if destination.port != 80:
+            netloc += f":{destination.port}"
+        headers = [(b"Host", netloc.encode("ascii"))]
+        headers += _end_to_end(request.headers, (b"host", *http1.FRAMING_HEADERS))
+        headers += [*body.headers(), (b"Connection", b"close")]
+        upstream.send(
+            h11.Request(
+                method=request.method, target=destination.path.encode("ascii"), headers=headers
+            )
+        )
+        if body.framing is not http1.Framing.NONE and client.conn.they_are_waiting_for_100_continue:
+            client.send(h11.InformationalResponse(status_code=100, headers=[]))
             await client.drain()
-        if kind == "length":
-            exchange.sent += await _copy_exactly(client_reader, upstream, length)
-        elif kind == "chunked":
-            exchange.sent += await _copy_chunked(client_reader, upstream)
-        await upstream.drain()
+        idle = self.settings.idle_timeout
         while True:
-            try:
-                data = await asyncio.wait_for(
-                    up_reader.readuntil(b"\r\n\r\n"), self.settings.idle_timeout
+            event = await client.receive(idle)
+            if isinstance(event, h11.Data):
+                upstream.send(event)
+                exchange.sent += len(event.data)
+                await upstream.drain()
+            elif isinstance(event, h11.EndOfMessage):
+                upstream.send(h11.EndOfMessage())  # trailers are not passed on
+                break
+            else:  # pragma: no cover - h11 raises on a body cut short
+                raise RuntimeError(f"a request body was expected, not {event!r}")
+        await upstream.drain()
+
+        while True:
+            head = await _from_upstream(upstream, idle)
+            if isinstance(head, h11.InformationalResponse):
+                if head.status_code == 101:
+                    raise Refusal(502, "protocol upgrades are not forwarded")
+                # Interim responses (103 Early Hints) pass on.
+                client.send(
+                    h11.InformationalResponse(
+                        status_code=head.status_code,
+                        headers=_end_to_end(head.headers, ()),
+                        reason=head.reason,
+                    )
                 )
-            except asyncio.LimitOverrunError:
-                raise Refusal(502, "the upstream response head is too large") from None
-            except asyncio.IncompleteReadError:
-                raise Refusal(502, "the upstream closed without a response") from None
-            response = parse_head(data, response=True)
-            status = int(response.start[1])
-            if 100 <= status < 200 and status != 101:
-                client.write(data)  # interim responses (103 Early Hints) pass as they are
                 continue
+            if not isinstance(head, h11.Response):
+                raise Refusal(502, "the upstream closed without a response")
             break
-        if status == 101:
-            raise Refusal(502, "protocol upgrades are not forwarded")
-        out = [" ".join(p for p in response.start if p)]
-        for name, value in response.headers:
-            if name.lower() not in ("connection", "keep-alive", "proxy-connection"):
-                out.append(f"{name}: {value}")
-        out.append("Connection: close")
-        client.write(("\r\n".join(out) + "\r\n\r\n").encode("iso-8859-1"))
-
-        def received(n: int) -> None:
-            exchange.received += n
-
-        await self._pipe(exchange, up_reader, client, received)
+        # The upstream's framing headers go on (h11 frames the client's copy by them,
+        # chunked for a body of unknown length); a Content-Length next to
+        # Transfer-Encoding does not.
+        chunked = bool(http1.values(head.headers, b"transfer-encoding"))
+        client.send(
+            h11.Response(
+                status_code=head.status_code,
+                headers=_end_to_end(head.headers, (b"content-length",) if chunked else ()),
+                reason=head.reason,
+            )
+        )
+        exchange.responded = True
+        while True:
+            event = await _from_upstream(upstream, idle)
+            if isinstance(event, h11.Data):
+                client.send(event)
+                exchange.received += len(event.data)
+                await client.drain()
+            elif isinstance(event, h11.EndOfMessage):
+                client.send(h11.EndOfMessage())  # trailers are not passed on
+                break
+            else:  # pragma: no cover - h11 raises on a body cut short
+                raise Refusal(502, "the upstream's response ended early")
+        await client.drain()
+        return client.reusable
 
     def _audit(
         self, exchange: _Exchange, decision: str, status: int | None, reason: str = ""
@@ -730,61 +762,48 @@ class Gateway:
         self.audit(event)
 
 
-def _body_framing(head: Head) -> tuple[str, int]:
-    """('none'|'length'|'chunked', length) of a request body; Refusal(400) for framing
-    that two parsers could read differently (the classic request-smuggling shapes)."""
-    encodings = head.values("Transfer-Encoding")
-    lengths = head.values("Content-Length")
-    if encodings:
-        if lengths:
-            raise Refusal(400, "both Transfer-Encoding and Content-Length")
-        tokens = [t.strip().lower() for v in encodings for t in v.split(",") if t.strip()]
-        if tokens != ["chunked"]:
-            raise Refusal(501, f"transfer encoding {', '.join(tokens)!r} is not supported")
-        return "chunked", 0
-    if lengths:
-        values = {v.strip() for v in lengths}
-        if len(values) != 1 or not next(iter(values)).isdigit():
-            raise Refusal(400, f"bad Content-Length {', '.join(lengths)!r}")
-        return "length", int(next(iter(values)))
-    return "none", 0
+LINGER_SECONDS = 2.0
+LINGER_BYTES = 1024 * 1024
 
 
-async def _copy_exactly(
-    source: asyncio.StreamReader, sink: asyncio.StreamWriter, length: int
-) -> int:
-    left = length
-    while left:
-        data = await source.read(min(left, 65536))
-        if not data:
-            raise asyncio.IncompleteReadError(b"", left)
-        sink.write(data)
-        left -= len(data)
-        await sink.drain()
-    return length
+async def _linger(client: http1.Peer) -> None:
+    """After a refusal: end the answer (half-close), then read and drop what the client
+    still sends, briefly and up to a bound. Closing with unread bytes would reset the
+    connection, and a client may then lose the answer it has not read yet."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + LINGER_SECONDS
+    dropped = 0
+    with contextlib.suppress(OSError, TimeoutError):
+        if client.writer.can_write_eof():
+            client.writer.write_eof()
+        while dropped < LINGER_BYTES and (left := deadline - loop.time()) > 0:
+            data = await asyncio.wait_for(client.reader.read(65536), left)
+            if not data:
+                break
+            dropped += len(data)
 
 
-async def _copy_chunked(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> int:
-    total = 0
-    while True:
-        line = await source.readuntil(b"\r\n")
-        size_text = line.split(b";", 1)[0].strip()
-        try:
-            size = int(size_text, 16)
-        except ValueError:
-            raise Refusal(400, "malformed chunk size") from None
-        sink.write(line)
-        if size == 0:
-            while True:  # trailers, up to the empty line
-                trailer = await source.readuntil(b"\r\n")
-                sink.write(trailer)
-                if trailer == b"\r\n":
-                    await sink.drain()
-                    return total
-        total += await _copy_exactly(source, sink, size)
-        if await source.readexactly(2) != b"\r\n":
-            raise Refusal(400, "malformed chunk")
-        sink.write(b"\r\n")
+def _end_to_end(headers: Any, drop: Iterable[bytes]) -> list[tuple[bytes, bytes]]:
+    """The headers a hop passes on: without hop-by-hop ones, those `Connection` names,
+    and `drop` (lower-case names)."""
+    listed = {
+        token.strip()
+        for value in http1.values(headers, b"connection")
+        for token in value.lower().split(b",")
+        if token.strip()
+    }
+    skip = _HOP_BY_HOP | listed | set(drop)
+    return [(name, value) for name, value in headers.raw_items() if name.lower() not in skip]
+
+
+async def _from_upstream(upstream: http1.Peer, timeout: float) -> h11.Event:
+    """The upstream's next event; Refusal(502) for a response h11 refuses."""
+    try:
+        return await upstream.receive(timeout)
+    except http1.FramingError as error:
+        raise Refusal(502, f"the upstream's response is malformed: {error.reason}") from None
+    except http1.PeerClosed as error:
+        raise Refusal(502, f"the upstream closed in the middle of its response: {error}") from None
 
 
 # -- the program ---------------------------------------------------------------------------
