@@ -41,6 +41,10 @@ from tests.egress.gateway_harness import (
     write_key,
 )
 
+SANDBOX = "cluster egress gateway"
+"""Where these attacks run (bench/integrity_attacks.py prints it)."""
+ATTACK_CLASS = "request smuggling past the gateway"
+
 BLOCKED = "/mirror/terminal-bench/tasks"
 """A URL the gateway's default preset (terminal-bench) refuses."""
 
