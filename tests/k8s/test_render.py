@@ -108,6 +108,21 @@ def test_the_relay_plan_in_the_pod_names_the_task_folder_and_no_secret() -> None
     assert env and all("value" not in e and "secretKeyRef" in e["valueFrom"] for e in env)
 
 
+def test_no_container_of_an_attempt_gains_a_capability() -> None:
+    """The subject and the verifier (the relay runs both in the subject container) hold
+    no capability beyond the runtime's default set less NET_RAW and NET_ADMIN; nothing
+    is privileged; the relay shows the subject the task image's own folders."""
+    for pod in (objects(document())["pod"], rendered(proxied())["Pod"]):
+        spec = pod["spec"]
+        for container in [*spec["initContainers"], *spec["containers"]]:
+            context = container["securityContext"]
+            assert "add" not in context["capabilities"], container["name"]
+            assert not context.get("privileged"), container["name"]
+        args = spec["containers"][0]["args"]
+        plan = AttemptPlan.from_json(args[args.index("--plan-json") + 1])
+        assert plan.in_task_image is True
+
+
 def test_credentials_go_only_to_the_subject_that_declares_them() -> None:
     doc = document(credentials={"API_KEY": {"name": "provider", "key": "anthropic"}})
     scripted = objects(doc, "scripted")["pod"]["spec"]["containers"][0]
