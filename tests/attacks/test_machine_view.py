@@ -24,6 +24,7 @@ from maka_eval.engine.status import AttemptStatus
 from maka_eval.sandbox.process import namespaces_unavailable
 from maka_eval.store.run_store import artifact_path, read_run
 from tests.attacks.programs import prowler
+from tests.egress.policing import WHY_NOT as CANNOT_POLICE
 from tests.helpers import make_task, spec, write_experiment
 from tests.local.conftest import Setup
 
@@ -94,14 +95,34 @@ def bench(tmp_path) -> Iterator[Path]:
         note.unlink(missing_ok=True)
 
 
-def _prowl(bench: Path, tmp_path: Path, isolation: str = "namespaces") -> tuple[bytes, str]:
+ISOLATED = {"kind": "local", "config": {"isolation": "namespaces"}}
+POLICED = {
+    "kind": "local",
+    "config": {"isolation": "namespaces", "sandbox": "process", "egress": {"mode": "proxy"}},
+}
+EXECUTORS = pytest.mark.parametrize(
+    "executor",
+    [
+        ISOLATED,
+        pytest.param(
+            POLICED,
+            marks=pytest.mark.skipif(
+                CANNOT_POLICE is not None, reason=f"cannot police a cell here: {CANNOT_POLICE}"
+            ),
+        ),
+    ],
+    ids=["namespaces", "policed"],
+)
+
+
+def _prowl(bench: Path, tmp_path: Path, executor: dict) -> tuple[bytes, str]:
     agents = tmp_path / "agents"
     agents.mkdir()
     program = agents / "prowler.py"
     shutil.copy2(prowler.__file__, program)
     doc = spec(
         subjects=[{"id": "prowler", "kind": "external", "config": {"command": str(program)}}],
-        executor={"kind": "local", "config": {"isolation": isolation}},
+        executor=executor,
         tasks=[{"id": "t1"}],
     )
     doc["benchmark"]["config"] = {"path": "tasks"}
@@ -118,15 +139,17 @@ def _prowl(bench: Path, tmp_path: Path, isolation: str = "namespaces") -> tuple[
     return found, mountinfo
 
 
-def test_the_subject_finds_no_answer_anywhere_around_it(bench, tmp_path):
-    found, _ = _prowl(bench, tmp_path)
+@EXECUTORS
+def test_the_subject_finds_no_answer_anywhere_around_it(bench, tmp_path, executor):
+    found, _ = _prowl(bench, tmp_path, executor)
     assert b"MOUNTINFO" in found  # the prowler ran and reported
     leaked = {what: marker for what, marker in MARKERS.items() if marker.encode() in found}
     assert leaked == {}
 
 
-def test_the_mount_table_names_nothing_the_host_hides(bench, tmp_path):
-    _, mountinfo = _prowl(bench, tmp_path)
+@EXECUTORS
+def test_the_mount_table_names_nothing_the_host_hides(bench, tmp_path, executor):
+    _, mountinfo = _prowl(bench, tmp_path, executor)
     assert "/proc" in mountinfo  # it is the mount table
     for hidden in (bench, bench / "bench", bench / "bench" / "tasks", bench / "runs"):
         assert str(hidden) not in mountinfo

@@ -18,6 +18,7 @@ import pytest
 from maka_eval.engine.status import AttemptStatus
 from maka_eval.sandbox.process import namespaces_unavailable
 from maka_eval.store.run_store import read_run
+from tests.egress.policing import WHY_NOT as CANNOT_POLICE
 from tests.helpers import spec
 
 SANDBOX = "process sandbox (namespaces)"
@@ -34,6 +35,23 @@ pytestmark = [
 ]
 
 ISOLATED = {"kind": "local", "config": {"isolation": "namespaces"}}
+POLICED = {
+    "kind": "local",
+    "config": {"isolation": "namespaces", "sandbox": "process", "egress": {"mode": "proxy"}},
+}
+EXECUTORS = pytest.mark.parametrize(
+    "executor",
+    [
+        ISOLATED,
+        pytest.param(
+            POLICED,
+            marks=pytest.mark.skipif(
+                CANNOT_POLICE is not None, reason=f"cannot police a cell here: {CANNOT_POLICE}"
+            ),
+        ),
+    ],
+    ids=["namespaces", "policed"],
+)
 
 # The real verifier: Python (json, os) decides; reward 1 only if done.txt exists.
 VERIFIER = """#!/bin/sh
@@ -114,8 +132,9 @@ ATTACKS = {
 }
 
 
+@EXECUTORS
 @pytest.mark.parametrize("attack", sorted(ATTACKS))
-def test_code_planted_for_the_verifier_never_runs(setup, attack):
+def test_code_planted_for_the_verifier_never_runs(setup, attack, executor):
     planter = {
         "id": "planter",
         "kind": "external",
@@ -123,7 +142,7 @@ def test_code_planted_for_the_verifier_never_runs(setup, attack):
     }
     honest = {"id": "honest", "kind": "external", "config": {"command": "true"}}
     s = setup(
-        spec(subjects=[honest, planter], executor=ISOLATED),
+        spec(subjects=[honest, planter], executor=executor),
         {"t1": {"test_sh": VERIFIER}},
     )
     s.run()
@@ -138,7 +157,8 @@ def test_code_planted_for_the_verifier_never_runs(setup, attack):
     assert all(b'"score": 1.0' not in p.read_bytes() for p in raw)
 
 
-def test_the_verifier_holds_no_capability_to_undo_the_sandbox(setup):
+@EXECUTORS
+def test_the_verifier_holds_no_capability_to_undo_the_sandbox(setup, executor):
     """Whatever the verifier runs (here, the task's own test.sh, trusted, but it runs in
     what the subject left) has no capability the subject lacks: no mount, no setns."""
     probe = """#!/bin/sh
@@ -153,7 +173,7 @@ cat "$MAKA_EVAL_VERIFIER_LOGS_DIR/caps.txt"
     s = setup(
         spec(
             subjects=[{"id": "a", "kind": "external", "config": {"command": "true"}}],
-            executor=ISOLATED,
+            executor=executor,
         ),
         {"t1": {"test_sh": probe}},
     )
