@@ -89,6 +89,8 @@ FRAME_DIR = "/maka/frame"
 INSTRUCTION_PATH = "/maka/instruction.md"
 CLIENT_TIMEOUT = 120
 PROBE_TIMEOUT = 3.0
+STATE_TIMEOUT = 10.0
+"""How long a container that refused an exec may still be called running by the engine."""
 MAX_FRAME_BYTES = 1 << 20
 TMP_BYTES = 1 << 30
 """Size of an attempt's /tmp (a tmpfs, as in the process sandbox)."""
@@ -119,9 +121,9 @@ compiled files kept in a private folder (never those the subject could plant bes
 sources). /tmp stays shared: tests read what the subject left there."""
 EVIDENCE_FILE = "container-changes.txt"
 """What the subject changed outside its working folders (evidence/ artifact)."""
-MAX_CHANGES_BYTES = 64 << 20
-"""The engine's list of a container's changes is read up to this size (about a million
-paths); a longer list is the subject's doing and fails the attempt."""
+MAX_CHANGES_BYTES = 32 << 20
+"""The engine's list of a container's changes is read up to this size (about half a
+million paths); a longer list is the subject's doing and fails the attempt."""
 MAX_CONTENT_FILES = 256
 """At most this many files are read for the rules (entry points, the loader's cache)."""
 MAX_CONTENT_BYTES = 16 << 20
@@ -770,6 +772,9 @@ class ContainerSandbox:
         """Whether the changes were checked before a verifier started."""
         self._before: set[str] = set()
         """Critical paths found before a verifier started (the others: while one ran)."""
+        self._sabotage: list[str] = []
+        """What the verifier's wrapper found done to its private folders, its tests or
+        its output (the subject's doing: the attempt fails)."""
 
     # -- paths ------------------------------------------------------------------------
     def _mapping(self) -> dict[str, str]:
@@ -809,6 +814,9 @@ class ContainerSandbox:
         self.image_user = str(config.get("User") or "")
         self._paths = self._mapping()
         client = self._client = client_for(plan.engine)
+        caveat = diff_caveat(plan.engine)
+        if caveat is not None:
+            self.notes.append(caveat)
         try:
             tools = toolbox.toolbox()
         except (toolbox.ToolboxError, OSError) as exc:
@@ -886,14 +894,23 @@ class ContainerSandbox:
         if not keeps_entrypoint:  # PID 1 sleeps
             self._start_holder(self._upload_workspace())
             return
-        with contextlib.suppress(OSError):  # an entrypoint that ended: see below
-            self._start_holder(self._upload_workspace())
-        # Asked once the holder is up: whether the container ended before, while or
-        # after the holder started, it is seen here.
         try:
-            state = client.api.inspect_container(self.container_id).get("State") or {}
-        except docker.errors.APIError as exc:
-            raise OSError(f"cannot inspect the container: {_api_message(exc)}") from None
+            self._start_holder(self._upload_workspace())
+            refused = False
+        except OSError:  # an entrypoint that ended: see below
+            refused = True
+        # Asked once the holder is up: whether the container ended before, while or
+        # after the holder started, it is seen here. One that refused an upload or an
+        # exec has ended, even while the engine still calls it running for a moment.
+        deadline = time.monotonic() + STATE_TIMEOUT
+        while True:
+            try:
+                state = client.api.inspect_container(self.container_id).get("State") or {}
+            except docker.errors.APIError as exc:
+                raise OSError(f"cannot inspect the container: {_api_message(exc)}") from None
+            if not (refused and state.get("Running", True)) or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
         if not state.get("Running", True):
             self._without_entrypoint(client, image, kwargs, state)
             self._start_holder(self._upload_workspace())
@@ -991,8 +1008,11 @@ class ContainerSandbox:
             raise OSError(f"{self.private_view} (the engine did not mount it)")
         if facts is None:
             if not any(line.startswith("in ") for line in lines):
-                _, more = self._run_root(_sh(FACTS + "facts", "maka-facts"))
+                code, more = self._run_root(_sh(FACTS + "facts", "maka-facts"))
                 lines = more.decode(errors="replace").splitlines()
+                if code != 0 or not any(line.startswith("in ") for line in lines):
+                    said = more.decode(errors="replace").strip()[-200:]
+                    raise OSError(f"cannot read what the image holds: {said or 'no answer'}")
             facts = _parse_facts(lines, self._image_libraries())
             _image_facts[key] = facts
         self._facts = facts
@@ -1235,7 +1255,10 @@ class ContainerSandbox:
     ) -> subprocess.Popen[bytes]:
         argv, self._interpreter = trusted_argv(argv, self._host_head(argv))
         # A container the subject changed under the verifier is not verified at all.
-        found = self._assess()
+        try:
+            found = self._assess()
+        except _Unlistable as exc:
+            raise OSError(f"the verifier did not run: {exc}") from None
         self._checked = True
         if found.critical:
             self._before.update(f.change.path for f in found.critical)
@@ -1343,6 +1366,7 @@ class ContainerSandbox:
                 )
             elif word == "tampered":
                 self.notes.append(f"suspected tampering: {rest}; the verifier did not run")
+                self._sabotage.append(rest)
             elif word == "fail":
                 self.notes.append(f"the verifier could not be set up in the container: {rest}")
             elif word == "done":
@@ -1403,6 +1427,8 @@ class ContainerSandbox:
                 "suspected tampering: what the verifier wrote was changed before the relay "
                 "read it; not read"
             )
+            if inner is not None:
+                self._sabotage.append("what the verifier wrote was changed before it was read")
             return
         with contextlib.suppress(tarfile.TarError, OSError):
             extract_into(inner, Path(self.layout.verifier_logs), 0, MAX_VERIFIER_BYTES)
@@ -1450,17 +1476,18 @@ class ContainerSandbox:
         or while it ran: a change stays listed) make the reason."""
         if self.container_id is None:
             return None
+        said = list(dict.fromkeys(self._sabotage))
         try:
             found = self._assess()
         except _Unlistable as exc:
-            return str(exc)
+            return "; ".join([*said, str(exc)])
         critical = {f.change.path for f in found.critical}
         during = critical - self._before if self._checked else set()
         self._write_evidence(found, during)
         reason = found.reason(during=during)
         if reason is not None:
-            reason += f" (every change: evidence/{EVIDENCE_FILE})"
-        return reason
+            said.append(f"{reason} (every change: evidence/{EVIDENCE_FILE})")
+        return "; ".join(said) or None
 
     def stop(self) -> None:
         """Freeze every process of the container and remove it in the background (at once
@@ -1539,6 +1566,29 @@ _removals = _Removals()
 class _Unlistable(Exception):
     """The engine cannot list the container's changes in time or in size: the subject
     made its container impossible to check, which fails the attempt."""
+
+
+_diff_caveats: dict[str, str | None] = {}
+
+
+def diff_caveat(engine: str) -> str | None:
+    """What the engine's list of a container's changes may miss (None: nothing known):
+    overlay's native diff lists every file of the writable layer; without it the engine
+    compares each file's size and times with the image's."""
+    if engine not in _diff_caveats:
+        why: str | None = None
+        with contextlib.suppress(OSError):
+            status, info = exec_helper.request(engine, "GET", "/info", timeout=PROBE_TIMEOUT)
+            pairs = info.get("DriverStatus") if status == 200 and isinstance(info, dict) else None
+            native = dict(p for p in pairs or [] if isinstance(p, list) and len(p) == 2)
+            if str(native.get("Native Overlay Diff", "")).lower() == "false":
+                why = (
+                    "the engine lists a container's changes by comparing sizes and times "
+                    "(no native overlay diff): a file the subject rewrote with its size and "
+                    "time kept would not be seen"
+                )
+        _diff_caveats[engine] = why
+    return _diff_caveats[engine]
 
 
 _image_facts: dict[tuple[str, str], changes.ImageFacts] = {}
