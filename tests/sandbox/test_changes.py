@@ -78,6 +78,7 @@ CASES = [
     (D, "/lib64", "a link that PATH or the library folders go through"),
     # -- the loader and libraries -------------------------------------------------------
     (A, "/etc/ld.so.preload", "a library preloaded into every program"),
+    (A, "/etc/ld-musl-x86_64.path", "the musl loader's library path"),
     (C, "/etc/ld.so.preload", "a library preloaded into every program"),
     (C, "/usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2", "the dynamic loader"),
     (C, LIBC, "a shared library"),
@@ -176,6 +177,9 @@ def test_the_loaders_cache_is_compared_name_by_name() -> None:
     ]
     assert "could not be read" in why({"/etc/ld.so.cache": b"garbage"})[0]
     assert "could not be read" in why({})[0]
+    unknown = ImageFacts(libraries=None)  # the image's own cache could not be read
+    found = assess([cache], unknown, working=[], contents={"/etc/ld.so.cache": same})
+    assert "the image's could not be read to compare" in found.critical[0].why
     assert why({}) and assess([Change("/etc/ld.so.cache", D)], FACTS, working=[]).critical
 
 

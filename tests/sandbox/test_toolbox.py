@@ -5,6 +5,7 @@ what the image holds."""
 
 from __future__ import annotations
 
+import base64
 import os
 import subprocess
 import sys
@@ -16,6 +17,7 @@ from maka_eval.errors import PrerequisiteError
 from maka_eval.sandbox import container, toolbox
 from tests.helpers import spec
 from tests.local.conftest import Setup, setup
+from tests.sandbox.test_changes import ld_cache
 
 __all__ = ["Setup", "setup"]
 
@@ -158,6 +160,7 @@ def test_bash_scripts_run_in_the_toolboxs_bash(argv, head, expected, interpreter
 
 
 def test_what_the_image_holds_is_read_from_the_holders_report() -> None:
+    cache = ld_cache({"libc.so.6": "/lib/libc.so.6"})
     lines = [
         "in /usr/local/bin",
         "- pip",
@@ -172,14 +175,18 @@ def test_what_the_image_holds_is_read_from_the_holders_report() -> None:
         "m six.py",
         "m __pycache__",
         "m distutils-precedence.pth",
+        f"ldcache {base64.b64encode(cache).decode()}",
         "ready 12 34 56",
     ]
-    facts = container._parse_facts(lines, {"libc.so.6": frozenset({"/lib/libc.so.6"})})
+    facts = container._parse_facts(lines)
     assert facts.path_dirs == ("/usr/local/bin", "/usr/bin")
     assert facts.commands == {"/usr/local/bin": {"pip"}, "/usr/bin": {"python3", "bash"}}
     assert facts.links == {"/bin"}
     assert facts.site_modules == {"numpy", "six"}
     assert facts.libraries == {"libc.so.6": {"/lib/libc.so.6"}}
+    # No cache in the image (musl): none known; one that cannot be read: unknown.
+    assert container._parse_facts(["in /bin"]).libraries == {}
+    assert container._parse_facts(["in /bin", "ldcache bm90IGEgY2FjaGU="]).libraries is None
 
 
 @pytest.mark.parametrize(

@@ -74,8 +74,9 @@ class ImageFacts:
     """Links the PATH and library folders go through (`/bin`, `/lib64`, a PATH entry)."""
     site_modules: frozenset[str] = frozenset()
     """Top-level module names in the Python site folders (site-packages, dist-packages)."""
-    libraries: Mapping[str, frozenset[str]] = field(default_factory=dict)
-    """The image's /etc/ld.so.cache: library name -> paths."""
+    libraries: Mapping[str, frozenset[str]] | None = field(default_factory=dict)
+    """The image's /etc/ld.so.cache: library name -> paths (None: it could not be read,
+    so any change of the container's counts)."""
 
 
 @dataclass(frozen=True)
@@ -133,6 +134,7 @@ _PIP = re.compile(r"pip(3(\.\d+)?)?")
 """pip's own commands: `pip install --upgrade pip` rewrites them, routinely (not critical)."""
 _SHARED_OBJECT = re.compile(r".+\.so(\.\d+)*")
 _LOADER = re.compile(r"(ld-linux[^/]*|ld64|ld-musl-[^/]*|ld)\.so(\.\d+)*")
+_MUSL_PATH = re.compile(r"/etc/ld-musl-[^/]+\.path")
 _LIBRARY_FOLDER = re.compile(r"/(usr/(local/)?)?lib(32|64|x32)?(/|$)")
 _STDLIB = re.compile(r"(?P<root>/(.+?/)?lib(64)?/python\d+(\.\d+)?)/(?P<rest>.+)")
 _PERL_FOLDER = re.compile(r".*/(perl5?|perl-base)(/.*)?")
@@ -208,6 +210,8 @@ def _loader(change: Change, ctx: _Context) -> str | None:
         return "the dynamic loader"
     if change.path == "/etc/ld.so.preload":
         return "a library preloaded into every program"
+    if _MUSL_PATH.fullmatch(change.path):
+        return "the musl loader's library path"
     return None
 
 
@@ -216,6 +220,8 @@ def _loader_cache(change: Change, ctx: _Context) -> str | None:
         return None
     if change.kind is Kind.DELETED:
         return "the dynamic loader's cache"
+    if ctx.facts.libraries is None:
+        return "the dynamic loader's cache (the image's could not be read to compare)"
     data = ctx.contents.get(LD_CACHE)
     if data is None:
         return "the dynamic loader's cache, which could not be read"
@@ -235,7 +241,7 @@ def _library(change: Change, ctx: _Context) -> str | None:
     if not _SHARED_OBJECT.fullmatch(name) or _in_site_or_node(change.path):
         return None
     if change.kind is Kind.ADDED:
-        if name in ctx.facts.libraries:
+        if name in (ctx.facts.libraries or {}):
             return f"a shared library under the name of the image's {name}"
         return None
     if _LIBRARY_FOLDER.match(change.path) or folder in ctx.library_folders:
@@ -428,7 +434,8 @@ def assess(
     outside = _outside(every, working)
     seen = set(outside)
     outside += [c for c in every if _everywhere(c) and c not in seen]
-    folders = frozenset(posixpath.dirname(p) for ps in facts.libraries.values() for p in ps)
+    libraries = facts.libraries or {}
+    folders = frozenset(posixpath.dirname(p) for ps in libraries.values() for p in ps)
     ctx = _Context(facts, interpreter, contents or {}, folders)
     critical = []
     for change in sorted(outside):

@@ -541,7 +541,21 @@ facts() {
       /opt/*/lib/python3*/site-packages; do
     [ ! -d "$s" ] || ls -A "$s" | sed 's/^/m /'
   done
+  c=/etc/ld.so.cache
+  [ ! -f $c ] || [ -L $c ] || echo "ldcache $(head -c 16777216 $c | base64 -w 0)"
 }
+"""
+
+READ = r"""
+# Regular files of the container, for the rules of sandbox.changes: `file BASE64 PATH`,
+# or `none - PATH` (missing, a link, not a file).
+for f; do
+  if [ -f "$f" ] && [ ! -L "$f" ]; then
+    echo "file $(head -c 16777217 "$f" | base64 -w 0) $f"
+  else
+    echo "none - $f"
+  fi
+done
 """
 
 HOLDER = (
@@ -1013,31 +1027,27 @@ class ContainerSandbox:
                 if code != 0 or not any(line.startswith("in ") for line in lines):
                     said = more.decode(errors="replace").strip()[-200:]
                     raise OSError(f"cannot read what the image holds: {said or 'no answer'}")
-            facts = _parse_facts(lines, self._image_libraries())
+            facts = _parse_facts(lines)
             _image_facts[key] = facts
         self._facts = facts
         self._baseline = frozenset(self._changes())
 
-    def _image_libraries(self) -> Mapping[str, frozenset[str]]:
-        """The image's /etc/ld.so.cache, read before the subject ran (none: empty)."""
-        data = self._read(changes.LD_CACHE)
-        if data is None:
-            return {}
-        try:
-            return read_cache(data)
-        except CacheError as exc:
-            self.notes.append(f"the image's /etc/ld.so.cache could not be read: {exc}")
-            return {}
-
-    def _read(self, path: str) -> bytes | None:
-        """A regular file of the container (None: it is missing, a link or too big)."""
-        import docker.errors
-
-        try:
-            data = self._get(path, MAX_CONTENT_BYTES)
-        except docker.errors.APIError:
-            return None
-        return _inner_file(data, MAX_CONTENT_BYTES) if data else None
+    def _read_many(self, paths: Sequence[str]) -> dict[str, bytes | None]:
+        """Regular files of the container (None: missing, a link, too big), read with the
+        toolbox in one exec."""
+        found: dict[str, bytes | None] = dict.fromkeys(paths)
+        if not paths:
+            return found
+        _, out = self._run_root(_sh(READ, "maka-read", *paths))
+        for line in out.decode(errors="replace").splitlines():
+            word, _, rest = line.partition(" ")
+            packed, _, path = rest.partition(" ")
+            if word != "file" or path not in found:
+                continue
+            with contextlib.suppress(ValueError):
+                data = base64.b64decode(packed, validate=True)
+                found[path] = data if len(data) <= MAX_CONTENT_BYTES else None
+        return found
 
     def _changes(self) -> list[changes.Change]:
         """The container's changes against its image, as the engine lists them (a list
@@ -1325,9 +1335,7 @@ class ContainerSandbox:
         start-up depends on (`sandbox.changes`)."""
         found = [c for c in self._changes() if c not in self._baseline]
         working = self._working()
-        contents = {
-            path: self._read(path) for path in changes.wanted(found, working)[:MAX_CONTENT_FILES]
-        }
+        contents = self._read_many(changes.wanted(found, working)[:MAX_CONTENT_FILES])
         return changes.assess(
             found, self._facts, working=working, interpreter=self._interpreter, contents=contents
         )
@@ -1595,10 +1603,10 @@ _image_facts: dict[tuple[str, str], changes.ImageFacts] = {}
 """(image id, the task's PATH) -> what the image holds: an image never changes."""
 
 
-def _parse_facts(
-    lines: Sequence[str], libraries: Mapping[str, frozenset[str]]
-) -> changes.ImageFacts:
-    """FACTS' report (`in FOLDER`, `- name`, `link PATH`, `m module`) as ImageFacts."""
+def _parse_facts(lines: Sequence[str]) -> changes.ImageFacts:
+    """FACTS' report (`in FOLDER`, `- name`, `link PATH`, `m module`, `ldcache BASE64`)
+    as ImageFacts."""
+    libraries: Mapping[str, frozenset[str]] | None = {}
     dirs: list[str] = []
     commands: dict[str, set[str]] = {}
     links: set[str] = set()
@@ -1617,12 +1625,17 @@ def _parse_facts(
             links.add(posixpath.normpath(rest))
         elif word == "m" and rest and not rest.endswith((".dist-info", ".egg-info", ".pth")):
             modules.add(rest.split(".", 1)[0])
+        elif word == "ldcache":
+            try:
+                libraries = read_cache(base64.b64decode(rest, validate=True))
+            except (ValueError, CacheError):
+                libraries = None
     return changes.ImageFacts(
         path_dirs=tuple(dirs),
         commands={d: frozenset(names) for d, names in commands.items()},
         links=frozenset(links),
         site_modules=frozenset(modules - {"__pycache__", ""}),
-        libraries=dict(libraries),
+        libraries=None if libraries is None else dict(libraries),
     )
 
 
