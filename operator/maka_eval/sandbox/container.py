@@ -136,6 +136,10 @@ image_builds: Counter[str] = Counter()
 
 
 # -- the engine ---------------------------------------------------------------------------
+_diff_caveats: dict[str, str | None] = {}
+"""Engine url -> what its list of a container's changes may miss (`diff_caveat`)."""
+
+
 @dataclass(frozen=True)
 class EngineInfo:
     """A Docker Engine API that answered."""
@@ -182,6 +186,7 @@ def _probe(url: str) -> tuple[EngineInfo | None, str]:
         _, info = exec_helper.request(url, "GET", "/info", timeout=PROBE_TIMEOUT)
     except OSError as exc:
         return None, f"{url}: {exc.strerror or exc}"
+    _diff_caveats[url] = _caveat_of(info)
     components = [c.get("Name", "") for c in version.get("Components") or []]
     kind = "Podman" if any("Podman" in name for name in components) else "Docker"
     runtimes = info.get("Runtimes") if isinstance(info, dict) else None
@@ -1576,27 +1581,30 @@ class _Unlistable(Exception):
     made its container impossible to check, which fails the attempt."""
 
 
-_diff_caveats: dict[str, str | None] = {}
-
-
 def diff_caveat(engine: str) -> str | None:
     """What the engine's list of a container's changes may miss (None: nothing known):
     overlay's native diff lists every file of the writable layer; without it the engine
-    compares each file's size and times with the image's."""
+    compares each file's size and times with the image's. Known from the engine's /info,
+    asked once (the engine search asks it: `engine_info`)."""
     if engine not in _diff_caveats:
-        why: str | None = None
+        answer: Any = None
         with contextlib.suppress(OSError):
-            status, info = exec_helper.request(engine, "GET", "/info", timeout=PROBE_TIMEOUT)
-            pairs = info.get("DriverStatus") if status == 200 and isinstance(info, dict) else None
-            native = dict(p for p in pairs or [] if isinstance(p, list) and len(p) == 2)
-            if str(native.get("Native Overlay Diff", "")).lower() == "false":
-                why = (
-                    "the engine lists a container's changes by comparing sizes and times "
-                    "(no native overlay diff): a file the subject rewrote with its size and "
-                    "time kept would not be seen"
-                )
-        _diff_caveats[engine] = why
+            status, answer = exec_helper.request(engine, "GET", "/info", timeout=PROBE_TIMEOUT)
+            answer = answer if status == 200 else None
+        _diff_caveats[engine] = _caveat_of(answer)
     return _diff_caveats[engine]
+
+
+def _caveat_of(info: Any) -> str | None:
+    pairs = info.get("DriverStatus") if isinstance(info, dict) else None
+    native = dict(p for p in pairs or [] if isinstance(p, list) and len(p) == 2)
+    if str(native.get("Native Overlay Diff", "")).lower() != "false":
+        return None
+    return (
+        "the engine lists a container's changes by comparing sizes and times (no native "
+        "overlay diff): a file the subject rewrote with its size and time kept would not "
+        "be seen"
+    )
 
 
 _image_facts: dict[tuple[str, str], changes.ImageFacts] = {}
