@@ -79,6 +79,8 @@ CASES = [
     # -- the loader and libraries -------------------------------------------------------
     (A, "/etc/ld.so.preload", "a library preloaded into every program"),
     (A, "/etc/ld-musl-x86_64.path", "the musl loader's library path"),
+    (C, "/usr/lib/x86_64-linux-gnu/gconv/gconv-modules.cache", "character set converters"),
+    (A, "/usr/lib/x86_64-linux-gnu/gconv/gconv-modules.d/evil.conf", "character set"),
     (C, "/etc/ld.so.preload", "a library preloaded into every program"),
     (C, "/usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2", "the dynamic loader"),
     (C, LIBC, "a shared library"),

@@ -19,9 +19,9 @@ stays listed) and this module says which of them the verifier's start-up depends
   top of it that shadows an installed one (or a compiled one beside the sources); the
   test runner (pytest and its plugins: a new `pytest11` entry point, configuration in
   `/`, the only folder above `/tests`);
-- what the verifier's own tools read (`/etc/nsswitch.conf`), the configuration of the
-  tools test.sh fetches its own dependencies with (pip, uv, npm, git, wget), the trusted
-  certificates, and Perl's library.
+- what the verifier's own tools read (`/etc/nsswitch.conf`, glibc's `gconv`), the
+  configuration of the tools test.sh fetches its own dependencies with (pip, uv, npm,
+  git, wget), the trusted certificates, and Perl's library.
 
 Changes inside the subject's working folders are its work, not listed. Files that Python
 compiles (`__pycache__`) are listed, never critical: the verifier's Python reads its
@@ -212,6 +212,8 @@ def _loader(change: Change, ctx: _Context) -> str | None:
         return "a library preloaded into every program"
     if _MUSL_PATH.fullmatch(change.path):
         return "the musl loader's library path"
+    if "gconv" in _parts(change.path)[:-1] and _LIBRARY_FOLDER.match(change.path):
+        return "glibc's character set converters (programs load them, static ones too)"
     return None
 
 

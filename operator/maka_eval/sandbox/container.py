@@ -35,8 +35,16 @@ Harbor's way, on Docker or on Podman's compatible socket:
   tests/test.sh runs): its `/tests` and `/logs/verifier` are its own tmpfs, so nothing the
   subject left running can change the tests or write a reward. What it wrote is handed
   out as a tar whose digest travels on the wrapper's stderr, under a marker only the
-  wrapper and the helper know. Where the image or the engine cannot make that namespace,
-  the verifier runs plainly in fresh shared folders and the record says so.
+  wrapper and the helper know. Where the engine cannot make that namespace, the
+  verifier runs plainly in fresh shared folders and the record says so.
+- What runs in the container for the sandbox (those scripts, the verifier's bash) comes
+  from the toolbox (`sandbox.toolbox`: static programs of this machine, read-only at
+  /.maka-tools), never from the image the subject may have changed; the verifier has a
+  HOME, a TMPDIR and Python settings of its own (VERIFIER_ENV). The engine's list of the
+  container's changes against its image is read at start, before each verifier and at
+  the end (`tampering`): every change outside the working folders becomes evidence, and
+  one the verifier's start-up depends on (`sandbox.changes`) fails the attempt; found
+  before a verifier, that verifier does not run.
 """
 
 from __future__ import annotations
