@@ -413,3 +413,40 @@ def test_an_oracle_that_installs_a_pth_file_is_flagged_and_says_so(container_eng
         "  A /usr/local/lib/python3.11/dist-packages/vendor/answermod.py"
         in evidence(run_dir, record).splitlines()
     )
+
+
+# The notes task's verifiers read each line with `sed -n Np notes.txt`: a sed of the
+# subject's making prints what they want.
+FAKE_SED = (
+    '#!/bin/sh\ncase "$2" in 1p) echo alpha ;; 2p) echo "$EXPECTED_SEED" ;; 3p) echo done ;; esac\n'
+)
+STEPPER = """
+case "$(cat "$MAKA_EVAL_INSTRUCTION_FILE")" in
+  *"STEP create"*) echo alpha > notes.txt ;;
+  *"STEP append"*) SED ;;
+esac
+""".replace("SED", install("/usr/local/bin/sed", FAKE_SED))
+
+
+def test_a_later_steps_subject_that_changes_the_verifiers_tools_fails(container_engine, tmp_path):
+    # The first step is done honestly; the second step's subject shadows sed and does
+    # nothing more. Its verifier does not run, nor does the third step.
+    from tests.local.test_steps import external
+    from tests.sandbox.test_steps_container import container_bench
+
+    bench = container_bench(tmp_path, container_engine)
+    bench.task("notes")
+    found = bench.run([external("stepper", STEPPER)])
+    record = found["notes::1::stepper"]
+    result = record.result
+    assert (record.status, result.score, result.status_source) == (
+        S.SUBJECT_FAILED,
+        0.0,
+        StatusSource.TAMPERING,
+    ), result
+    assert "added /usr/local/bin/sed (a command on PATH: it shadows /usr/bin/sed)" in (
+        result.reason or ""
+    )
+    assert result.metrics.get("step.create.reward") == 1.0
+    assert "step.finish.reward" not in result.metrics
+    assert any("the remaining steps did not run" in n for n in result.notes), result
