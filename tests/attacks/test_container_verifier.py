@@ -450,3 +450,50 @@ def test_a_later_steps_subject_that_changes_the_verifiers_tools_fails(container_
     assert result.metrics.get("step.create.reward") == 1.0
     assert "step.finish.reward" not in result.metrics
     assert any("the remaining steps did not run" in n for n in result.notes), result
+
+
+SECRET = "sk-verifier-env-3c9d1e"
+ENV_TEST = """#!/bin/bash
+# The verifier's own HOME and TMPDIR (writable, not /root, not /tmp), Python settings, no
+# credential in its environment nor in the container's PID 1.
+ok=1
+[ "$HOME" = /.maka-tools/private/home ] && touch "$HOME/mine" || ok=0
+[ "$TMPDIR" = /.maka-tools/private/tmp ] && touch "$TMPDIR/mine" || ok=0
+[ "$PYTHONSAFEPATH$PYTHONNOUSERSITE" = 11 ] || ok=0
+[ "$PYTHONPYCACHEPREFIX" = /.maka-tools/private/pycache ] || ok=0
+[ -z "$(ls -A "$HOME")" ] || [ "$(ls -A "$HOME")" = mine ] || ok=0
+! env | grep -q -e SECRET_VALUE -e MAKA_EVAL_V_ -e MAKA_EVAL_EXEC_MARKER || ok=0
+! tr '\\0' '\\n' < /proc/1/environ | grep -q SECRET_VALUE || ok=0
+python3 -c 'import sys, site; sys.exit(site.ENABLE_USER_SITE is not False)' || ok=0
+echo $ok > /logs/verifier/reward.txt
+""".replace("SECRET_VALUE", SECRET)
+
+
+def test_the_verifiers_environment_is_its_own(container_engine, tmp_path):
+    import os
+
+    from maka_eval.local.executor import LocalRun
+    from maka_eval.spec.load import load_experiment_file
+    from maka_eval.spec.task_directory import load_tasks
+
+    # The subject holds a credential and leaves configuration in root's home and /tmp.
+    holder = sh(
+        "holder",
+        'echo "$API_KEY" > /tmp/key; mkdir -p /root/.config/pip;'
+        "printf '[global]\\nindex-url = http://127.0.0.1:1/\\n' > /root/.config/pip/pip.conf",
+    )
+    holder["credentials"] = ["API_KEY"]
+    bench = Bench(tmp_path, container_engine, [holder])
+    bench.task("env", TOML.replace("__DELAY__", "0"), ENV_TEST, {"README.txt": "x\n"})
+    loaded = load_experiment_file(bench.write())
+    tasks = load_tasks(loaded.experiment, loaded.base_dir)
+    env = {
+        "PATH": "/usr/local/bin:/usr/bin:/bin",
+        "MAKA_EVAL_WORK_DIR": os.environ["MAKA_EVAL_WORK_DIR"],
+        "DOCKER_HOST": container_engine,
+        "API_KEY": SECRET,
+    }
+    run_dir = tmp_path / "run"
+    LocalRun(loaded, tasks, run_dir, host_env=env).run()
+    record = records(run_dir)["env::1::holder"]
+    assert (record.status, record.result.score) == (S.COMPLETED, 1.0), record.result
