@@ -47,8 +47,11 @@ COMPONENTS="main"
 # Installed without Recommends (those pull in buildah, dbus-user-session and systemd);
 # the ones podman needs are listed: conmon, netavark (the network stack, with iptables for
 # bridges) and aardvark-dns, catatonit (--init).
+# The last four make the verifier's toolbox (static programs bind-mounted read-only into
+# every container: maka_eval/sandbox/toolbox.py builds it on first use, into the cache).
 PACKAGES=(podman crun runc fuse-overlayfs slirp4netns uidmap mmdebstrap
-          conmon netavark aardvark-dns catatonit iptables curl iproute2 ca-certificates)
+          conmon netavark aardvark-dns catatonit iptables curl iproute2 ca-certificates
+          busybox-static bash-static gcc libc6-dev)
 CONF=/etc/containers/containers.conf
 CONF_BACKUP=/etc/containers/containers.conf.maka-eval.bak
 

@@ -16,6 +16,19 @@ if [ "$(id -u)" = 0 ] && ! command -v nft >/dev/null; then
     apt-get install -y -q nftables >/dev/null 2>&1 \
         || { apt-get update -q >/dev/null && apt-get install -y -q nftables >/dev/null; }
 fi
+missing_debs() {
+    for p in "$@"; do
+        dpkg-query -W -f='${Status}\n' "$p" 2>/dev/null | grep -q '^install ok installed$' \
+            || printf '%s ' "$p"
+    done
+}
+toolbox_debs=$(missing_debs busybox-static bash-static gcc libc6-dev)
+if [ "$(id -u)" = 0 ] && [ -n "$toolbox_debs" ]; then
+    # The container sandbox's verifier runs static tools of this machine (a busybox, a bash,
+    # and maka-setpriv compiled with gcc -static): maka_eval/sandbox/toolbox.py.
+    apt-get install -y -q $toolbox_debs >/dev/null 2>&1 \
+        || { apt-get update -q >/dev/null && apt-get install -y -q $toolbox_debs >/dev/null; }
+fi
 if [ "$(id -u)" = 0 ] && ! command -v chromium >/dev/null; then
     # The report's plots are checked in a real browser (headless Chromium).
     apt-get install -y -q chromium >/dev/null 2>&1 \

@@ -299,6 +299,10 @@ def test_forged_rewards_are_never_read_and_are_noted(container_engine, tmp_path)
     )
     bench = Bench(tmp_path, container_engine, [forger, wrecker])
     bench.add(FIXTURES / "plain-image")
+    # The verifier takes a second: the loops surely write while it runs (the wrapper's own
+    # work takes a few milliseconds, less than one turn of a loop under load).
+    test_sh = bench.tasks / "plain-image" / "tests" / "test.sh"
+    test_sh.write_text(test_sh.read_text().replace("#!/bin/sh\n", "#!/bin/sh\nsleep 1\n", 1))
     _, run_dir = bench.run()
     found = records(run_dir)
     forged = found["plain-image::1::forger"]

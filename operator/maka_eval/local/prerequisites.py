@@ -19,6 +19,7 @@ from maka_eval.local.netns import enforcement_unavailable
 from maka_eval.sandbox.container import EngineInfo, engine_info
 from maka_eval.sandbox.holders import runtime_path
 from maka_eval.sandbox.process import namespaces_unavailable
+from maka_eval.sandbox.toolbox import toolbox_problem
 from maka_eval.spec.egress import EgressConfig
 from maka_eval.spec.experiment import Experiment, LocalExecutor, Task
 from maka_eval.spec.load import LoadedExperiment
@@ -127,6 +128,17 @@ def check_prerequisites(
     containers = _task_sandboxes(
         spec.tasks, tasks, executor.config.sandbox, probe.engine, probe.why_none(), prefix, problems
     )
+    if containers:
+        why = toolbox_problem()
+        if why is not None:
+            problems.append(
+                Problem(
+                    f"{prefix}executor.config.sandbox",
+                    f"tasks {', '.join(sorted(containers))} run in containers, whose verifier "
+                    f"runs static tools of this machine (the verifier's toolbox), which cannot "
+                    f"be made: {why}",
+                )
+            )
     # A command named without a path runs from the image's PATH in a container: this
     # machine needs it only when some task runs here as processes.
     host_needed = any(task.id not in containers for task in spec.tasks)

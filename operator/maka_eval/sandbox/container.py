@@ -35,8 +35,16 @@ Harbor's way, on Docker or on Podman's compatible socket:
   tests/test.sh runs): its `/tests` and `/logs/verifier` are its own tmpfs, so nothing the
   subject left running can change the tests or write a reward. What it wrote is handed
   out as a tar whose digest travels on the wrapper's stderr, under a marker only the
-  wrapper and the helper know. Where the image or the engine cannot make that namespace,
-  the verifier runs plainly in fresh shared folders and the record says so.
+  wrapper and the helper know. Where the engine cannot make that namespace, the
+  verifier runs plainly in fresh shared folders and the record says so.
+- What runs in the container for the sandbox (those scripts, the verifier's bash) comes
+  from the toolbox (`sandbox.toolbox`: static programs of this machine, read-only at
+  /.maka-tools), never from the image the subject may have changed; the verifier has a
+  HOME, a TMPDIR and Python settings of its own (VERIFIER_ENV). The engine's list of the
+  container's changes against its image is read at start, before each verifier and at
+  the end (`tampering`): every change outside the working folders becomes evidence, and
+  one the verifier's start-up depends on (`sandbox.changes`) fails the attempt; found
+  before a verifier, that verifier does not run.
 """
 
 from __future__ import annotations
@@ -47,6 +55,7 @@ import hashlib
 import io
 import json
 import os
+import posixpath
 import re
 import secrets
 import shutil
@@ -67,8 +76,10 @@ from maka_eval.relay.output import OutputCapture
 from maka_eval.relay.plan import ContainerPlan
 from maka_eval.relay.processes import MARKER_VARIABLE as ATTEMPT_MARKER
 from maka_eval.relay.processes import CancelToken, ProcessSupervisor, WaitEnd
+from maka_eval.sandbox import changes, toolbox
 from maka_eval.sandbox import exec as exec_helper
 from maka_eval.sandbox.base import Isolation, Layout, Network, Phase, mapped
+from maka_eval.sandbox.ldcache import CacheError, read_cache
 
 ENGINE_SOCKETS = (
     "unix:///run/maka-eval/podman.sock",
@@ -86,6 +97,8 @@ FRAME_DIR = "/maka/frame"
 INSTRUCTION_PATH = "/maka/instruction.md"
 CLIENT_TIMEOUT = 120
 PROBE_TIMEOUT = 3.0
+STATE_TIMEOUT = 10.0
+"""How long a container that refused an exec may still be called running by the engine."""
 MAX_FRAME_BYTES = 1 << 20
 TMP_BYTES = 1 << 30
 """Size of an attempt's /tmp (a tmpfs, as in the process sandbox)."""
@@ -100,13 +113,41 @@ SUBJECT_CAP_DROP = ("NET_RAW", "NET_ADMIN")
 them a process could write beneath the namespace's nftables policy or rewrite it."""
 HOST_ONLY_ENV = ("PATH", "HOME", "TMPDIR")
 """The relay's values for these name host folders: in the container, the image's PATH,
-the exec user's HOME and the image's TMPDIR apply, as in Harbor."""
+the exec user's HOME and the image's TMPDIR apply, as in Harbor (the verifier's HOME and
+TMPDIR are its own: VERIFIER_ENV)."""
+VERIFIER_ENV = {
+    "HOME": f"{toolbox.PRIVATE}/home",
+    "TMPDIR": f"{toolbox.PRIVATE}/tmp",
+    "PYTHONSAFEPATH": "1",
+    "PYTHONNOUSERSITE": "1",
+    "PYTHONPYCACHEPREFIX": f"{toolbox.PRIVATE}/pycache",
+}
+"""Set for the verifier in a container, over what the relay passes: a HOME and a TMPDIR
+of its own (the holder's tmpfs: no configuration the subject left in /root or /tmp is
+read), no module from the working folder or the user's site-packages, and Python's
+compiled files kept in a private folder (never those the subject could plant beside the
+sources). /tmp stays shared: tests read what the subject left there."""
+EVIDENCE_FILE = "container-changes.txt"
+"""What the subject changed outside its working folders (evidence/ artifact)."""
+MAX_CHANGES_BYTES = 32 << 20
+"""The engine's list of a container's changes is read up to this size (about half a
+million paths); a longer list is the subject's doing and fails the attempt."""
+MAX_CONTENT_FILES = 256
+"""At most this many files are read for the rules (entry points, the loader's cache)."""
+MAX_CONTENT_BYTES = 16 << 20
+RELAY_FOLDERS = ("/logs", "/tmp", "/maka", "/tests", "/solution", toolbox.MOUNT)
+"""Folders of the relay and the engine (with the workdir: the subject's working folders),
+whose changes are the attempt's own work, not evidence."""
 
 image_builds: Counter[str] = Counter()
 """Image tag -> builds this process made (a second run of an unchanged task makes none)."""
 
 
 # -- the engine ---------------------------------------------------------------------------
+_diff_caveats: dict[str, str | None] = {}
+"""Engine url -> what its list of a container's changes may miss (`diff_caveat`)."""
+
+
 @dataclass(frozen=True)
 class EngineInfo:
     """A Docker Engine API that answered."""
@@ -153,6 +194,7 @@ def _probe(url: str) -> tuple[EngineInfo | None, str]:
         _, info = exec_helper.request(url, "GET", "/info", timeout=PROBE_TIMEOUT)
     except OSError as exc:
         return None, f"{url}: {exc.strerror or exc}"
+    _diff_caveats[url] = _caveat_of(info)
     components = [c.get("Name", "") for c in version.get("Components") or []]
     kind = "Podman" if any("Podman" in name for name in components) else "Docker"
     runtimes = info.get("Runtimes") if isinstance(info, dict) else None
@@ -434,69 +476,135 @@ def _is_root(user: str | None) -> bool:
 
 
 # -- the scripts run in the container ------------------------------------------------------
-# The verifier gets its own /tests and /logs/verifier: tmpfs mounts in a mount namespace
-# that a holder process keeps. The holder is made by a privileged exec at start, while
-# the container holds only the image and what the relay uploaded -- never later: a
-# privileged exec after the subject ran would execute binaries the subject could have
-# replaced. The holder then drops to the container's own capabilities, which include
+# Every script runs in the toolbox's busybox sh (`sandbox.toolbox`, read-only at
+# /.maka-tools): applets are preferred over PATH, so no script ever runs a program of the
+# container, which the subject may have replaced; users and groups are read from
+# /etc/passwd and /etc/group with awk (no name service, whose modules the container
+# holds), and privileges are dropped by the toolbox's static maka-setpriv.
+#
+# The verifier gets its own /tests and /logs/verifier, and its own HOME and TMPDIR: tmpfs
+# mounts in a mount namespace that a holder process keeps. The holder is made by a
+# privileged exec at start, while the container holds only the image and what the relay
+# uploaded. It then drops to the container's own capabilities, which include
 # CAP_WAKE_ALARM (added for this and harmless); the subject runs with that one dropped
 # from its bounding set, so neither it nor anything it leaves behind may look into the
 # holder's /proc entries (the kernel requires the looker to hold every capability the
 # target holds), while the verifier, an ordinary exec, can chroot into /proc/HOLDER/root
-# and sees the private folders there. Secrets travel in the environment, never in argv.
+# and sees the private folders there. A verifier that is not root keeps that one
+# capability (ambient), so that a process the subject left behind, even one that became
+# the verifier's user, can neither trace it nor look into it. Secrets travel in the
+# environment, never in argv.
 MARKER_CAP = 35
 """CAP_WAKE_ALARM: held by the holder and the verifier, dropped by the subject."""
 
+
+def _sh(script: str, name: str, *args: str) -> list[str]:
+    """argv that runs `script` in the toolbox's shell."""
+    return [toolbox.BUSYBOX, "sh", "-c", script, name, *args]
+
+
 USER_IDS = r"""
-ids=
+# $u (user[:group], names or numbers) -> $ids (maka-setpriv options), $uid, $gid, $home.
+ids= uid=0 gid=0 home=/root
 if [ -n "$u" ]; then
   user=${u%%:*} group=
   case $u in *:*) group=${u#*:} ;; esac
-  uid=$(id -u "$user" 2>/dev/null) || uid=$user
+  entry=$(awk -F: -v k="$user" '$1 == k { print; exit }' /etc/passwd)
+  case $user in
+    *[!0-9]*) [ -n "$entry" ] || { echo "maka-eval: unknown user: $user" >&2; exit 126; } ;;
+    *) [ -n "$entry" ] || entry=$(awk -F: -v k="$user" '$3 == k { print; exit }' /etc/passwd) ;;
+  esac
+  uid=$user name=
+  [ -z "$entry" ] || { uid=$(echo "$entry" | cut -d: -f3); name=${entry%%:*}; }
   if [ -n "$group" ]; then
-    gid=$(getent group "$group" | cut -d: -f3); [ -n "$gid" ] || gid=$group
+    gid=$(awk -F: -v k="$group" '$1 == k { print $3; exit }' /etc/group)
+    [ -n "$gid" ] || gid=$group
   else
-    gid=$(id -g "$user" 2>/dev/null) || gid=$uid
+    gid=$(echo "$entry" | cut -d: -f4); [ -n "$gid" ] || gid=$uid
   fi
-  case "$uid$gid" in *[!0-9]*) echo "maka-eval: unknown user or group: $u" >&2; exit 126 ;; esac
-  entry=$(getent passwd "$uid")
-  groups=--clear-groups
-  [ -z "$entry" ] || groups=--init-groups
-  home=$(printf '%s' "$entry" | cut -d: -f6)
-  export HOME="${home:-/}"
-  ids="--reuid=$uid --regid=$gid $groups"
+  case "$uid$gid" in *[!0-9]*|'') echo "maka-eval: unknown user or group: $u" >&2; exit 126 ;; esac
+  groups=
+  [ -z "$name" ] || groups=$(awk -F: -v u="$name" -v g="$gid" '
+    { n = split($4, m, ","); for (i = 1; i <= n; i++) if (m[i] == u && $3 != g) printf ",%s", $3 }
+  ' /etc/group)
+  home=$(echo "$entry" | cut -d: -f6)
+  ids="--uid $uid --gid $gid --groups $gid$groups"
 fi
 """
 
-HOLDER = r"""
-u=$MAKA_EVAL_H_USER
-unset MAKA_EVAL_H_USER
-[ $# = 0 ] || chown -R -- "$u" "$@" >/dev/null 2>&1
-for tool in unshare setpriv chroot mount tar sha256sum sleep stat; do
-  command -v "$tool" >/dev/null 2>&1 || { echo "fail the image has no $tool"; exit 0; }
+FACTS = r"""
+# What the image holds (`sandbox.changes.ImageFacts`): the PATH folders, resolved, and
+# their names; the links PATH and the libraries go through; Python's installed modules.
+facts() {
+  old=$IFS; IFS=:
+  for d in $PATH; do
+    IFS=$old
+    case $d in /*) ;; *) continue ;; esac
+    real=$(readlink -f "$d" 2>/dev/null) || real=$d
+    [ -n "$real" ] || real=$d
+    [ "$real" = "$d" ] || echo "link $d"
+    echo "in $real"
+    [ ! -d "$real" ] || ls -A "$real" | sed 's/^/- /'
+  done
+  IFS=$old
+  for l in /bin /sbin /lib /lib32 /lib64 /libx32 /usr/lib64 /usr/local/bin /usr/local/lib; do
+    [ ! -L "$l" ] || echo "link $l"
+  done
+  for s in /usr/lib/python3*/*-packages /usr/local/lib/python3*/*-packages \
+      /opt/*/lib/python3*/site-packages; do
+    [ ! -d "$s" ] || ls -A "$s" | sed 's/^/m /'
+  done
+  c=/etc/ld.so.cache
+  [ ! -f $c ] || [ -L $c ] || echo "ldcache $(head -c 16777216 $c | base64 -w 0)"
+}
+"""
+
+READ = r"""
+# Regular files of the container, for the rules of sandbox.changes: `file BASE64 PATH`,
+# or `none - PATH` (missing, a link, not a file).
+for f; do
+  if [ -f "$f" ] && [ ! -L "$f" ]; then
+    echo "file $(head -c 16777217 "$f" | base64 -w 0) $f"
+  else
+    echo "none - $f"
+  fi
 done
+"""
+
+HOLDER = (
+    FACTS
+    + r"""
+u=$MAKA_EVAL_H_USER want=$MAKA_EVAL_H_FACTS
+unset MAKA_EVAL_H_USER MAKA_EVAL_H_FACTS
+T=/.maka-tools/bin
+[ -x $T/maka-setpriv ] || { echo "fail the verifier's toolbox is not in the container"; exit 0; }
+if [ $# != 0 ] && [ -n "$u" ]; then (
+"""
+    + USER_IDS
+    + r"""
+  chown -R -- "$uid:$gid" "$@"
+) >/dev/null 2>&1; fi
+[ -z "$want" ] || facts
 out=$(unshare -m --propagation private true 2>&1) \
   || { echo "fail the engine refused a mount namespace: $out" | head -c 300; exit 0; }
 # The holder lives on in the background and answers on fd 3, which it closes before it
 # sleeps: this exec's output ends, and the exec with it, as soon as the holder is ready.
-answer=$(unshare -m --propagation private sh -c '
+answer=$(unshare -m --propagation private $T/busybox sh -c '
+  T=/.maka-tools/bin
   mkdir -p /tests /logs/verifier \
     && mount -t tmpfs -o mode=0755 maka-tests /tests \
     && mount -t tmpfs -o mode=0755 maka-verifier /logs/verifier \
+    && mount -t tmpfs -o mode=0755 maka-private /.maka-tools/private \
     || { echo "fail cannot mount a tmpfs in the container" >&3; exit 0; }
   hex=0
   while read -r key value; do [ "$key" = CapBnd: ] && hex=$value; done </proc/1/status
-  caps=-all i=0
-  while [ $i -lt 63 ]; do
-    [ $(( (0x$hex >> i) & 1 )) = 1 ] && caps="$caps,+cap_$i"
-    i=$((i + 1))
-  done
   echo "ready $$ $(stat -c %d /tests) $(stat -c %d /logs/verifier)" >&3
   exec 3>&-
-  exec setpriv --inh-caps=-all --bounding-set="$caps" -- sleep infinity' \
+  exec $T/maka-setpriv --keep-bounding "$hex" -- $T/busybox sleep infinity' \
   3>&1 </dev/null >/dev/null 2>&1 &)
 echo "$answer"
 """
+)
 
 SUBJECT_WRAPPER = (
     r"""
@@ -504,9 +612,21 @@ u=$MAKA_EVAL_S_USER; unset MAKA_EVAL_S_USER
 """
     + USER_IDS
     + f"""
-exec setpriv $ids --inh-caps=-all --bounding-set=-cap_{MARKER_CAP} -- "$@"
+[ -z "$u" ] || export HOME="${{home:-/}}"
+exec /.maka-tools/bin/maka-setpriv $ids --drop-bounding {MARKER_CAP} -- "$@"
 """
 )
+
+CHOWN = (
+    r"""
+u=$1; shift
+"""
+    + USER_IDS
+    + r"""
+chown -R -- "$uid:$gid" "$@"
+"""
+)
+"""Hand uploaded files to a user (a later step's workdir files)."""
 
 VERIFIER_WRAPPER = (
     r"""
@@ -518,6 +638,7 @@ say() { printf '\n%s %s\n' "$m" "$*" >&2; }
 fail() { say fail "$*"; exit 202; }
 set -- $h "$@"; h=$1 dt=$2 dl=$3; shift 3
 r=/proc/$h/root
+p=$r/.maka-tools/private
 # The private folders are the holder's tmpfs mounts (their devices): not if the holder
 # was killed, nor if the subject removed the folders they are mounted on.
 private() {
@@ -525,35 +646,42 @@ private() {
     && [ "$(stat -c %d "$r/logs/verifier" 2>/dev/null)" = "$dl" ]
 }
 private || { say tampered "the verifier's private folders were taken away"; exit 201; }
-# A later step's verifier: the previous one's tests and output go first.
-[ -z "$reset" ] || find "$r/tests" "$r/logs/verifier" -mindepth 1 -delete \
+# A later step's verifier: the previous one's tests, output, HOME and TMPDIR go first.
+empty() { for f; do rm -rf -- "$f"/* "$f"/.[!.]* "$f"/..?* || return 1; done; }
+[ -z "$reset" ] || empty "$r/tests" "$r/logs/verifier" "$p" \
   || fail "cannot empty the previous step's /tests and /logs/verifier"
 left=$(ls -A /logs/verifier 2>/dev/null | head -n 20 | tr '\n' ' ')
-[ -z "$left" ] || { say stale "$left"; find /logs/verifier -mindepth 1 -delete 2>/dev/null; }
+[ -z "$left" ] || { say stale "$left"; empty /logs/verifier 2>/dev/null; }
 cp "$d/tests.tar" "$r/tests/.maka-tests.tar" || fail "the tests were not uploaded"
 rm -f "$d/tests.tar"
-printf '%s  %s\n' "$sum" "$r/tests/.maka-tests.tar" | sha256sum -c --status - \
+printf '%s  %s\n' "$sum" "$r/tests/.maka-tests.tar" | sha256sum -c -s - \
   || { say tampered "the tests changed between upload and use"; exit 201; }
 tar -xf "$r/tests/.maka-tests.tar" -C "$r/tests" && rm -f "$r/tests/.maka-tests.tar" \
   || fail "cannot unpack the tests"
 """
     + USER_IDS
-    + r"""
-[ -z "$ids" ] || chown "$uid:$gid" "$r/logs/verifier"
+    + f"""
+mkdir -p "$p/home" "$p/tmp" "$p/pycache" && chmod 0700 "$p/home" "$p/tmp" "$p/pycache" \\
+  || fail "cannot make the verifier's HOME and TMPDIR"
+if [ -n "$ids" ]; then
+  chown "$uid:$gid" "$r/logs/verifier" "$p/home" "$p/tmp" "$p/pycache"
+  ids="$ids --ambient {MARKER_CAP}"
+fi
 say ready
-chroot "$r" setpriv $ids --inh-caps=-all -- sh -c 'cd "$1" 2>/dev/null; shift; exec "$@"' \
-  maka-verifier "$w" "$@"
+/.maka-tools/bin/maka-setpriv --root "$r" --cd "$w" $ids -- "$@"
+"""
+    + r"""
 rc=$?
 private || { say tampered "the verifier's private folders were taken away as it ran"; exit 201; }
 tar -C "$r/logs/verifier" -cf "$d/verifier.tar" . || fail "cannot pack /logs/verifier"
 set -- $(sha256sum "$d/verifier.tar")
 say done "$1"
 # A small result travels with the reports: no second trip to the engine to fetch it.
-if [ "$(stat -c %s "$d/verifier.tar")" -le 1048576 ] && command -v base64 >/dev/null; then
+if [ "$(stat -c %s "$d/verifier.tar")" -le 1048576 ]; then
   say tar "$(base64 -w 0 "$d/verifier.tar" 2>/dev/null)"
 fi
 # So does what the subject left in /logs/agent (the relay fetches it when this is cut).
-if [ -n "$(ls -A /logs/agent 2>/dev/null)" ] && command -v base64 >/dev/null; then
+if [ -n "$(ls -A /logs/agent 2>/dev/null)" ]; then
   say agent "$(tar -C /logs/agent -cf - . 2>/dev/null | head -c 1048577 | base64 -w 0)"
 fi
 late=$(ls -A /logs/verifier 2>/dev/null | head -n 20 | tr '\n' ' ')
@@ -568,10 +696,8 @@ left=$(ls -A /logs/verifier 2>/dev/null | head -n 20 | tr '\n' ' ')
 [ -z "$left" ] || echo "stale $left"
 rm -rf /tests /logs/verifier && mkdir -p /tests /logs/verifier && chmod 0777 /logs/verifier \
   || { echo "fail cannot make /tests and /logs/verifier"; exit 0; }
-if command -v sha256sum >/dev/null 2>&1; then
-  printf '%s  %s\n' "$sum" "$d/tests.tar" | sha256sum -c --status - \
-    || { echo "tampered the tests changed between upload and use"; exit 0; }
-fi
+printf '%s  %s\n' "$sum" "$d/tests.tar" | sha256sum -c -s - \
+  || { echo "tampered the tests changed between upload and use"; exit 0; }
 tar -xf "$d/tests.tar" -C /tests && rm -f "$d/tests.tar" || echo "fail cannot unpack the tests"
 """
 
@@ -595,6 +721,26 @@ true
 """
 HARBOR_COMMAND = ("sh", "-c", "sleep infinity")
 """The command Harbor gives a task container whose image has an ENTRYPOINT."""
+
+
+def trusted_argv(argv: Sequence[str], head: bytes) -> tuple[list[str], str | None]:
+    """The verifier's argv with the toolbox's bash when its script is a bash script (no
+    `#!`: the relay names `bash`; or a `#!` naming bash, directly or through env), and
+    the image's interpreter it runs with otherwise (None: none of the image's)."""
+    argv = list(argv)
+    if argv and argv[0] == "bash":
+        return [toolbox.BASH, *argv[1:]], None
+    if not head.startswith(b"#!"):
+        return argv, None
+    line = head[2:].split(b"\n", 1)[0].decode(errors="replace").strip()
+    interpreter, _, option = line.partition(" ")
+    option = option.strip()
+    name = posixpath.basename(interpreter)
+    if name == "env" and option and " " not in option and not option.startswith("-"):
+        name, option = option, ""
+    if name == "bash":
+        return [toolbox.BASH, *([option] if option else []), *argv], None
+    return argv, interpreter or None
 
 
 # -- the sandbox --------------------------------------------------------------------------
@@ -641,6 +787,21 @@ class ContainerSandbox:
         self._agent_logs_taken = False
         """Whether /logs/agent came back with the last verifier's reports, no subject
         having run since."""
+        self._image_id = plan.image
+        self._facts = changes.ImageFacts()
+        """What the image held (`sandbox.changes`), read when the container started."""
+        self._baseline: frozenset[changes.Change] = frozenset()
+        """The container's changes before the subject ran (the relay's uploads, the
+        engine's mount points, what the image's ENTRYPOINT wrote)."""
+        self._interpreter: str | None = None
+        """The image's interpreter test.sh runs with (None: the toolbox's bash)."""
+        self._checked = False
+        """Whether the changes were checked before a verifier started."""
+        self._before: set[str] = set()
+        """Critical paths found before a verifier started (the others: while one ran)."""
+        self._sabotage: list[str] = []
+        """What the verifier's wrapper found done to its private folders, its tests or
+        its output (the subject's doing: the attempt fails)."""
 
     # -- paths ------------------------------------------------------------------------
     def _mapping(self) -> dict[str, str]:
@@ -674,11 +835,21 @@ class ContainerSandbox:
 
         plan = self.plan
         image = ensure_image(plan, self.task_id)
+        self._image_id = str(image.get("Id") or plan.image)
         config = image.get("Config") or {}
         self.workdir = plan.workdir or config.get("WorkingDir") or DEFAULT_WORKDIR
         self.image_user = str(config.get("User") or "")
         self._paths = self._mapping()
         client = self._client = client_for(plan.engine)
+        caveat = diff_caveat(plan.engine)
+        if caveat is not None:
+            self.notes.append(caveat)
+        try:
+            tools = toolbox.toolbox()
+        except (toolbox.ToolboxError, OSError) as exc:
+            raise OSError(f"the verifier's toolbox cannot be made: {exc}") from None
+        # Read-only, right under /: see sandbox.toolbox.
+        volumes: dict[str, dict[str, str]] = {str(tools): {"bind": toolbox.MOUNT, "mode": "ro"}}
         kwargs: dict[str, Any] = {
             # PID 1 only sleeps: quiescing spares it, and SIGKILL stops it at once (a
             # sleeping PID 1 ignores SIGTERM: about 10 s per stop).
@@ -694,6 +865,7 @@ class ContainerSandbox:
             "environment": dict(plan.env),
             "name": "maka-eval-" + hashlib.sha256(self.attempt_id.encode()).hexdigest()[:16],
             "detach": True,
+            "volumes": volumes,
         }
         if plan.network == "no-network":
             kwargs["network_mode"] = "none"
@@ -710,10 +882,9 @@ class ContainerSandbox:
             kwargs["network_mode"] = f"ns:{net.namespace}"
             kwargs["extra_hosts"] = dict(net.hosts)
             kwargs["cap_drop"] = list(SUBJECT_CAP_DROP)
-            volumes = {net.resolv_file: {"bind": "/etc/resolv.conf", "mode": "ro"}}
+            volumes[net.resolv_file] = {"bind": "/etc/resolv.conf", "mode": "ro"}
             if net.ca_cert is not None:
                 volumes[net.ca_cert] = {"bind": CA_CERT_PATH, "mode": "ro"}
-            kwargs["volumes"] = volumes
         keeps_entrypoint = bool(config.get("Entrypoint"))
         if keeps_entrypoint:
             # As Harbor: the image's ENTRYPOINT runs, given `sh -c "sleep infinity"` (an
@@ -750,14 +921,23 @@ class ContainerSandbox:
         if not keeps_entrypoint:  # PID 1 sleeps
             self._start_holder(self._upload_workspace())
             return
-        with contextlib.suppress(OSError):  # an entrypoint that ended: see below
-            self._start_holder(self._upload_workspace())
-        # Asked once the holder is up: whether the container ended before, while or
-        # after the holder started, it is seen here.
         try:
-            state = client.api.inspect_container(self.container_id).get("State") or {}
-        except docker.errors.APIError as exc:
-            raise OSError(f"cannot inspect the container: {_api_message(exc)}") from None
+            self._start_holder(self._upload_workspace())
+            refused = False
+        except OSError:  # an entrypoint that ended: see below
+            refused = True
+        # Asked once the holder is up: whether the container ended before, while or
+        # after the holder started, it is seen here. One that refused an upload or an
+        # exec has ended, even while the engine still calls it running for a moment.
+        deadline = time.monotonic() + STATE_TIMEOUT
+        while True:
+            try:
+                state = client.api.inspect_container(self.container_id).get("State") or {}
+            except docker.errors.APIError as exc:
+                raise OSError(f"cannot inspect the container: {_api_message(exc)}") from None
+            if not (refused and state.get("Running", True)) or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
         if not state.get("Running", True):
             self._without_entrypoint(client, image, kwargs, state)
             self._start_holder(self._upload_workspace())
@@ -820,30 +1000,91 @@ class ContainerSandbox:
         return [f"{self.workdir.rstrip('/')}/{p.name}" for p in sorted(workspace.iterdir())]
 
     def _start_holder(self, uploaded: list[str]) -> None:
-        """The verifier's private folders, made while the container is still pristine;
-        the workspace handed to a non-root agent user on the way."""
+        """The verifier's private folders, made while the container is still pristine
+        (and what the image holds, read then: `sandbox.changes`); the workspace handed to
+        a non-root agent user on the way."""
         agent = self.plan.agent_user or self.image_user
-        env = {"MAKA_EVAL_H_USER": agent}
+        key = (self._image_id, self.plan.env.get("PATH", ""))
+        facts = _image_facts.get(key)
+        env = {"MAKA_EVAL_H_USER": agent, "MAKA_EVAL_H_FACTS": "" if facts else "1"}
         owned = uploaded if uploaded and not _is_root(agent) else []
-        argv = ["sh", "-c", HOLDER, "maka-holder", *owned]
+        argv = _sh(HOLDER, "maka-holder", *owned)
         api = self._client.api
+        out = b""
         try:
             # One attached exec: it ends once the holder (left in the background) is ready.
             created = api.exec_create(
                 self.container_id, argv, user="0", privileged=True, environment=env, workdir="/"
             )
-            out, _ = api.exec_start(created["Id"], demux=True)
+            out = api.exec_start(created["Id"], demux=True)[0] or b""
         except Exception as exc:  # an engine that refuses privileged execs
             self.private_view = f"the engine refused a privileged exec: {_api_message(exc)}"
-            return
-        answer = (out or b"").decode(errors="replace").strip()
-        if answer.startswith("ready ") and len(answer.split()) == 4:
-            self._holder = answer.removeprefix("ready ")
-            self.private_view = None
-        elif answer.startswith("fail "):
-            self.private_view = answer.removeprefix("fail ")[:300]
         else:
-            self.private_view = f"the holder did not start: {answer[:200] or 'no answer'}"
+            lines = out.decode(errors="replace").splitlines()
+            answer = next((ln for ln in lines if ln.startswith(("ready ", "fail "))), "")
+            if answer.startswith("ready ") and len(answer.split()) == 4:
+                self._holder = answer.removeprefix("ready ")
+                self.private_view = None
+            elif answer.startswith("fail "):
+                self.private_view = answer.removeprefix("fail ")[:300]
+            else:
+                tail = out.decode(errors="replace").strip()[-200:]
+                self.private_view = f"the holder did not start: {tail or 'no answer'}"
+        lines = out.decode(errors="replace").splitlines()
+        if "the verifier's toolbox" in (self.private_view or ""):
+            raise OSError(f"{self.private_view} (the engine did not mount it)")
+        if facts is None:
+            if not any(line.startswith("in ") for line in lines):
+                code, more = self._run_root(_sh(FACTS + "facts", "maka-facts"))
+                lines = more.decode(errors="replace").splitlines()
+                if code != 0 or not any(line.startswith("in ") for line in lines):
+                    said = more.decode(errors="replace").strip()[-200:]
+                    raise OSError(f"cannot read what the image holds: {said or 'no answer'}")
+            facts = _parse_facts(lines)
+            _image_facts[key] = facts
+        self._facts = facts
+        self._baseline = frozenset(self._changes())
+
+    def _read_many(self, paths: Sequence[str]) -> dict[str, bytes | None]:
+        """Regular files of the container (None: missing, a link, too big), read with the
+        toolbox in one exec."""
+        found: dict[str, bytes | None] = dict.fromkeys(paths)
+        if not paths:
+            return found
+        _, out = self._run_root(_sh(READ, "maka-read", *paths))
+        for line in out.decode(errors="replace").splitlines():
+            word, _, rest = line.partition(" ")
+            packed, _, path = rest.partition(" ")
+            if word != "file" or path not in found:
+                continue
+            with contextlib.suppress(ValueError):
+                data = base64.b64decode(packed, validate=True)
+                found[path] = data if len(data) <= MAX_CONTENT_BYTES else None
+        return found
+
+    def _changes(self) -> list[changes.Change]:
+        """The container's changes against its image, as the engine lists them (a list
+        too long to read is _Unlistable)."""
+        import requests.exceptions
+
+        api = self._client.api
+        try:
+            response = api._get(api._url("/containers/{0}/changes", self.container_id), stream=True)
+            response.raise_for_status()
+            data = response.raw.read(MAX_CHANGES_BYTES + 1, decode_content=True)
+        except requests.exceptions.ReadTimeout:
+            raise _Unlistable("the engine took too long to list the container's changes") from None
+        except requests.exceptions.HTTPError as exc:
+            raise OSError(f"the engine would not list the container's changes: {exc}") from None
+        if len(data) > MAX_CHANGES_BYTES:
+            raise _Unlistable(
+                f"the container's changes are too many to list (over {MAX_CHANGES_BYTES >> 20} "
+                "MiB of paths)"
+            )
+        try:
+            return changes.parse_changes(json.loads(data) if data.strip() else [])
+        except ValueError:
+            raise OSError("the engine's list of the container's changes is not JSON") from None
 
     def _put(self, path: str, data: bytes) -> None:
         import docker.errors
@@ -898,7 +1139,7 @@ class ContainerSandbox:
         if self.private_view is None:
             # Without the one capability that lets a process look into the holder.
             user = agent or self.image_user
-            wrapped = ["sh", "-c", SUBJECT_WRAPPER, "maka-subject", *argv]
+            wrapped = _sh(SUBJECT_WRAPPER, "maka-subject", *argv)
             env_user = {**inside, "MAKA_EVAL_S_USER": "" if _is_root(user) else user}
             exec_id = self._exec(wrapped, user="0", env=env_user, cwd=cwd)
         else:
@@ -922,7 +1163,7 @@ class ContainerSandbox:
         self._put("/", tar.bytes())
         owner = user or self.plan.agent_user or self.image_user
         if names and not _is_root(owner):
-            code, out = self._run_root(["chown", "-R", "--", owner, *names])
+            code, out = self._run_root(_sh(CHOWN, "maka-chown", owner, *names))
             if code != 0:
                 raise OSError(f"cannot hand {sandbox_path} to {owner}: {out.decode()[-200:]}")
 
@@ -977,7 +1218,7 @@ class ContainerSandbox:
         emptied when the next verifier starts."""
         if self.container_id is None:
             raise OSError("the container is gone; the next step cannot run")
-        self._run_root(["sh", "-c", "rm -rf /maka/.v-*"])
+        self._run_root(_sh("rm -rf /maka/.v-*", "maka-next-step"))
         self._renewed = True
 
     def _upload_subject_files(self) -> None:
@@ -1035,6 +1276,18 @@ class ContainerSandbox:
         stderr: IO[bytes] | int,
         step_user: str | None = None,
     ) -> subprocess.Popen[bytes]:
+        argv, self._interpreter = trusted_argv(argv, self._host_head(argv))
+        # A container the subject changed under the verifier is not verified at all.
+        try:
+            found = self._assess()
+        except _Unlistable as exc:
+            raise OSError(f"the verifier did not run: {exc}") from None
+        self._checked = True
+        if found.critical:
+            self._before.update(f.change.path for f in found.critical)
+            raise OSError(
+                f"the verifier did not run: the subject changed what it runs on: {found.reason()}"
+            )
         box = f"/maka/.v-{secrets.token_hex(16)}"
         tests = _Tar()
         tests.tree(Path(self.layout.tests), "")
@@ -1050,6 +1303,7 @@ class ContainerSandbox:
             marker = secrets.token_hex(16)
             secret_env = {
                 **env,
+                **VERIFIER_ENV,
                 exec_helper.MARKER_VARIABLE: marker,
                 "MAKA_EVAL_V_DIR": box,
                 "MAKA_EVAL_V_SHA": digest,
@@ -1059,18 +1313,60 @@ class ContainerSandbox:
                 "MAKA_EVAL_V_RESET": "1" if self._renewed else "",
             }
             self._renewed = False
-            wrapper = ["sh", "-c", VERIFIER_WRAPPER, "maka-verifier", *argv]
+            wrapper = _sh(VERIFIER_WRAPPER, "maka-verifier", *argv)
             exec_id = self._exec(wrapper, user="0", env=secret_env, cwd=cwd)
             return self._helper(Phase.VERIFIER, exec_id, stdout, stderr, marker=marker, box=box)
         # No private folders here: fresh shared ones, then the plain verifier.
-        _, out = self._run_root(["sh", "-c", SHARED_VERIFIER_SETUP, "maka-setup", box, digest])
+        _, out = self._run_root(_sh(SHARED_VERIFIER_SETUP, "maka-setup", box, digest))
         self._take_reports(out.decode(errors="replace").splitlines())
         self.notes.append(
             "the verifier ran without a private /tests and /logs/verifier "
             f"({self.private_view}): processes the subject left running could reach them"
         )
-        exec_id = self._exec(argv, user=verifier_user, env=env, cwd=cwd)
+        own = {**VERIFIER_ENV, "HOME": f"{box}/home", "TMPDIR": f"{box}/tmp"}
+        own["PYTHONPYCACHEPREFIX"] = f"{box}/pycache"
+        exec_id = self._exec(argv, user=verifier_user, env={**env, **own}, cwd=cwd)
         return self._helper(Phase.VERIFIER, exec_id, stdout, stderr, box=box)
+
+    def _host_head(self, argv: Sequence[str]) -> bytes:
+        """The first line of the verifier's script (tests/test.sh), read on the host."""
+        for arg in argv:
+            if arg.startswith(Layout.TESTS_PATH + "/"):
+                host = Path(self.layout.tests) / arg[len(Layout.TESTS_PATH) + 1 :]
+                with contextlib.suppress(OSError), host.open("rb") as handle:
+                    return handle.readline(4096)
+                return b""
+        return b""
+
+    def _working(self) -> list[str]:
+        """The subject's working folders: its changes there are its work."""
+        folders = [self.workdir, *RELAY_FOLDERS, *self.layout.subject_dirs.values()]
+        return list(dict.fromkeys(folders))
+
+    def _assess(self) -> changes.Assessment:
+        """The container's changes since it started, and which of them the verifier's
+        start-up depends on (`sandbox.changes`)."""
+        found = [c for c in self._changes() if c not in self._baseline]
+        working = self._working()
+        contents = self._read_many(changes.wanted(found, working)[:MAX_CONTENT_FILES])
+        return changes.assess(
+            found, self._facts, working=working, interpreter=self._interpreter, contents=contents
+        )
+
+    def _write_evidence(self, found: changes.Assessment, during: set[str]) -> None:
+        if not found.outside or self.layout.evidence_dir is None:
+            return
+        folders = ", ".join(w for w in self._working() if w.strip("/"))
+        header = (
+            "What the subject changed in its container outside its working folders "
+            f"({folders}):\nthe engine's list of the container's changes against its image, "
+            "taken when the attempt ended."
+        )
+        if during:
+            header += "\nChanged while the verifier ran: " + ", ".join(sorted(during))
+        target = Path(self.layout.evidence_dir)
+        target.mkdir(parents=True, exist_ok=True)
+        (target / EVIDENCE_FILE).write_text(found.evidence(header), encoding="utf-8")
 
     def _take_reports(self, lines: Sequence[str]) -> str | None:
         """Turn the wrapper's reports into notes; the digest of what the verifier wrote."""
@@ -1091,6 +1387,7 @@ class ContainerSandbox:
                 )
             elif word == "tampered":
                 self.notes.append(f"suspected tampering: {rest}; the verifier did not run")
+                self._sabotage.append(rest)
             elif word == "fail":
                 self.notes.append(f"the verifier could not be set up in the container: {rest}")
             elif word == "done":
@@ -1151,6 +1448,8 @@ class ContainerSandbox:
                 "suspected tampering: what the verifier wrote was changed before the relay "
                 "read it; not read"
             )
+            if inner is not None:
+                self._sabotage.append("what the verifier wrote was changed before it was read")
             return
         with contextlib.suppress(tarfile.TarError, OSError):
             extract_into(inner, Path(self.layout.verifier_logs), 0, MAX_VERIFIER_BYTES)
@@ -1187,7 +1486,7 @@ class ContainerSandbox:
         self.supervisor.quiesce([proc.pid], self.attempt_id)
         if self.container_id is not None:
             holder = self._holder.split()[0] if self._holder is not None else ""
-            self._run_root(["sh", "-c", QUIESCE, "maka-quiesce", holder])
+            self._run_root(_sh(QUIESCE, "maka-quiesce", holder))
 
     def processes(self) -> list[int]:
         return sorted(self.supervisor.members([], self.attempt_id))
@@ -1197,7 +1496,23 @@ class ContainerSandbox:
         return None
 
     def tampering(self) -> str | None:
-        return None
+        """The container's changes, once the verifiers ran: every one outside the working
+        folders goes to the evidence file; those the verifier's start-up depends on (before
+        or while it ran: a change stays listed) make the reason."""
+        if self.container_id is None:
+            return None
+        said = list(dict.fromkeys(self._sabotage))
+        try:
+            found = self._assess()
+        except _Unlistable as exc:
+            return "; ".join([*said, str(exc)])
+        critical = {f.change.path for f in found.critical}
+        during = critical - self._before if self._checked else set()
+        self._write_evidence(found, during)
+        reason = found.reason(during=during)
+        if reason is not None:
+            said.append(f"{reason} (every change: evidence/{EVIDENCE_FILE})")
+        return "; ".join(said) or None
 
     def stop(self) -> None:
         """Freeze every process of the container and remove it in the background (at once
@@ -1271,6 +1586,77 @@ def _remove_now(client: Any, container_id: str) -> None:
 
 
 _removals = _Removals()
+
+
+class _Unlistable(Exception):
+    """The engine cannot list the container's changes in time or in size: the subject
+    made its container impossible to check, which fails the attempt."""
+
+
+def diff_caveat(engine: str) -> str | None:
+    """What the engine's list of a container's changes may miss (None: nothing known):
+    overlay's native diff lists every file of the writable layer; without it the engine
+    compares each file's size and times with the image's. Known from the engine's /info,
+    asked once (the engine search asks it: `engine_info`)."""
+    if engine not in _diff_caveats:
+        answer: Any = None
+        with contextlib.suppress(OSError):
+            status, answer = exec_helper.request(engine, "GET", "/info", timeout=PROBE_TIMEOUT)
+            answer = answer if status == 200 else None
+        _diff_caveats[engine] = _caveat_of(answer)
+    return _diff_caveats[engine]
+
+
+def _caveat_of(info: Any) -> str | None:
+    pairs = info.get("DriverStatus") if isinstance(info, dict) else None
+    native = dict(p for p in pairs or [] if isinstance(p, list) and len(p) == 2)
+    if str(native.get("Native Overlay Diff", "")).lower() != "false":
+        return None
+    return (
+        "the engine lists a container's changes by comparing sizes and times (no native "
+        "overlay diff): a file the subject rewrote with its size and time kept would not "
+        "be seen"
+    )
+
+
+_image_facts: dict[tuple[str, str], changes.ImageFacts] = {}
+"""(image id, the task's PATH) -> what the image holds: an image never changes."""
+
+
+def _parse_facts(lines: Sequence[str]) -> changes.ImageFacts:
+    """FACTS' report (`in FOLDER`, `- name`, `link PATH`, `m module`, `ldcache BASE64`)
+    as ImageFacts."""
+    libraries: Mapping[str, frozenset[str]] | None = {}
+    dirs: list[str] = []
+    commands: dict[str, set[str]] = {}
+    links: set[str] = set()
+    modules: set[str] = set()
+    folder: str | None = None
+    for line in lines:
+        word, _, rest = line.partition(" ")
+        if word == "in" and rest.startswith("/"):
+            folder = posixpath.normpath(rest)
+            if folder not in commands:
+                dirs.append(folder)
+                commands[folder] = set()
+        elif word == "-" and folder is not None and rest:
+            commands[folder].add(rest)
+        elif word == "link" and rest.startswith("/"):
+            links.add(posixpath.normpath(rest))
+        elif word == "m" and rest and not rest.endswith((".dist-info", ".egg-info", ".pth")):
+            modules.add(rest.split(".", 1)[0])
+        elif word == "ldcache":
+            try:
+                libraries = read_cache(base64.b64decode(rest, validate=True))
+            except (ValueError, CacheError):
+                libraries = None
+    return changes.ImageFacts(
+        path_dirs=tuple(dirs),
+        commands={d: frozenset(names) for d, names in commands.items()},
+        links=frozenset(links),
+        site_modules=frozenset(modules - {"__pycache__", ""}),
+        libraries=None if libraries is None else dict(libraries),
+    )
 
 
 def drain_removals() -> None:
