@@ -28,6 +28,10 @@ from maka_eval.engine.status import AttemptStatus, StatusSource
 from maka_eval.store.run_store import artifact_path
 from tests.sandbox.test_container import PYTHON_IMAGE, Bench, records, sh
 
+SANDBOX = "container sandbox (Podman)"
+"""Where these attacks run (bench/integrity_attacks.py prints it)."""
+ATTACK_CLASS = "the verifier's tools and start-up changed"
+
 pytestmark = pytest.mark.slow
 
 S = AttemptStatus
