@@ -264,3 +264,27 @@ def test_a_plain_process_of_the_same_user_cannot_read_the_executors_environment(
     assert b"|" in out, proc.stderr
     assert SECRET_B.encode() not in out
     assert b"Permission denied" in out
+
+
+@pytest.mark.parametrize("table", ["environment.env", "verifier.env", "solution.env"])
+def test_a_task_file_cannot_pull_a_declared_credential_into_its_environment(tmp_path, table):
+    """task.toml's env tables are filled from the executor's environment, as Harbor fills
+    them; the task's env reaches every arm's container (and a verifier's): a template
+    naming a credential a subject declares is refused, naming it, before anything runs."""
+    from maka_eval.spec.task_directory import load_task
+    from tests.helpers import make_task
+
+    make_task(
+        tmp_path,
+        "t",
+        toml=f'[{table}]\nA = "x-${{KEY_B}}"\nB = "${{KEY_A:-fallback}}"\n',
+    )
+    env = {"KEY_A": SECRET_A, "KEY_B": SECRET_B, "OTHER": "fine"}
+    task, problems = load_task(
+        "t", tmp_path / "t", "tasks[0]", host_env=env, withheld=frozenset({"KEY_A", "KEY_B"})
+    )
+    text = "\n".join(str(p) for p in problems)
+    assert task is None
+    assert "names KEY_B, a credential a subject declares" in text
+    assert "names KEY_A, a credential a subject declares" in text  # a default does not help
+    assert SECRET_A not in text and SECRET_B not in text

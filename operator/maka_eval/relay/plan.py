@@ -303,7 +303,9 @@ def with_task_settings(plan: AttemptPlan) -> AttemptPlan:
     from maka_eval.engine.launch import SOLUTION_DIR_NAME
     from maka_eval.spec.task_directory import load_task
 
-    task, problems = load_task(plan.task_id, Path(plan.task_dir), f"task {plan.task_id}")
+    task, problems = load_task(
+        plan.task_id, Path(plan.task_dir), f"task {plan.task_id}", withheld=frozenset(plan.redact)
+    )
     if task is None:
         raise PlanError("; ".join(f"{p.where}: {p.message}" for p in problems))
     if task.network_mode == "allowlist":

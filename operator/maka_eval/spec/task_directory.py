@@ -197,10 +197,18 @@ _SIZE_MB = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}
 class _TaskToml:
     """Reads the fields of one task.toml, collecting problems and warnings."""
 
-    def __init__(self, path: Path, config: Mapping[str, Any], host_env: Mapping[str, str]):
+    def __init__(
+        self,
+        path: Path,
+        config: Mapping[str, Any],
+        host_env: Mapping[str, str],
+        withheld: frozenset[str] = frozenset(),
+    ):
         self.path = path
         self.config = config
-        self.host_env = host_env
+        self.withheld = withheld
+        """Credentials a subject declares: no task file is filled with them."""
+        self.host_env = {k: v for k, v in host_env.items() if k not in withheld}
         self.problems: list[Problem] = []
         self.warnings: list[str] = []
 
@@ -277,6 +285,20 @@ class _TaskToml:
             return {}
         filled: dict[str, str] = {}
         for key, raw in env.items():
+            named = {m.group(1) for m in _TEMPLATE.finditer(raw)} & self.withheld
+            for name in sorted(named):
+                # The task's env reaches every arm's container (and a verifier): a
+                # credential reaches only the subject that declares it.
+                self.problems.append(
+                    Problem(
+                        where,
+                        f"{key} = {raw!r} names {name}, a credential a subject declares: "
+                        "task files never receive credentials (only the subjects that "
+                        "declare them do); remove it, or name another variable",
+                    )
+                )
+            if named:
+                continue
             value, missing = fill_templates(raw, self.host_env)
             for name in missing:
                 self.problems.append(
@@ -677,7 +699,9 @@ def _steps(
             )
             continue
         seen[key] = index
-        step = _TaskToml(Path(f"{toml.path} [[steps]][{index}]"), table, toml.host_env)
+        step = _TaskToml(
+            Path(f"{toml.path} [[steps]][{index}]"), table, toml.host_env, toml.withheld
+        )
         for field_name in table:
             if field_name not in _STEP_FIELDS:
                 toml.warnings.append(
@@ -741,11 +765,13 @@ def load_task(
     host_env: Mapping[str, str] | None = None,
     *,
     phase_networks: bool = True,
+    withheld: frozenset[str] = frozenset(),
 ) -> tuple[TaskDefinition | None, list[Problem]]:
     """Read one task directory; return it (or None) and the problems found.
 
     `${VAR}` templates in task.toml's env tables are filled from `host_env` (default:
-    this process's environment), as Harbor fills them from the host's.
+    this process's environment), as Harbor fills them from the host's, but never with
+    a credential a subject declares (`withheld`: a problem names it).
     """
     problems: list[Problem] = []
     if not root.is_dir():
@@ -770,7 +796,7 @@ def load_task(
     if not multi_step and not test_script.is_file():
         problems.append(Problem(where, f"{test_script} is missing; the verifier runs it"))
 
-    toml = _TaskToml(toml_path, config, os.environ if host_env is None else host_env)
+    toml = _TaskToml(toml_path, config, os.environ if host_env is None else host_env, withheld)
     toml.check_fields()
     toml.check_os()
     agent_timeout = toml.number("agent", "timeout_sec")
@@ -875,6 +901,7 @@ def load_tasks(
     """Read every task of the experiment; raise TaskError naming each problem."""
     if experiment.spec.benchmark.source == "inline":
         return {}  # inline tasks live in the document (their executor reads task.config)
+    withheld = frozenset(c for s in experiment.spec.subjects for c in s.credentials)
     root = benchmark_root(experiment, base_dir)
     if not root.is_dir():
         raise TaskError(
@@ -914,7 +941,9 @@ def load_tasks(
         seen[real] = index
         # Harbor itself runs the tasks of `executor.kind: harbor`, per-phase networks too.
         phase_networks = experiment.spec.executor.kind != "harbor"
-        definition, found = load_task(task.id, real, where, phase_networks=phase_networks)
+        definition, found = load_task(
+            task.id, real, where, phase_networks=phase_networks, withheld=withheld
+        )
         problems += found
         if definition is not None:
             tasks[task.id] = definition
