@@ -23,6 +23,7 @@ from maka_eval.store.run_store import artifact_path, read_run
 from tests.attacks.programs import spy
 from tests.egress.policing import WHY_NOT as CANNOT_POLICE
 from tests.helpers import REWARD_ONE, spec
+from tests.sandbox.test_container import PYTHON_IMAGE
 
 SANDBOX = "process sandbox (namespaces)"
 """Where these attacks run (bench/integrity_attacks.py prints it; a parameter naming
@@ -46,6 +47,21 @@ POLICED = {
     "kind": "local",
     "config": {"isolation": "namespaces", "sandbox": "process", "egress": {"mode": "proxy"}},
 }
+CONTAINER = {"kind": "local", "config": {"sandbox": "container"}}
+SANDBOXES = pytest.mark.parametrize(
+    "executor",
+    [
+        ISOLATED,
+        pytest.param(
+            POLICED,
+            marks=pytest.mark.skipif(
+                CANNOT_POLICE is not None, reason=f"cannot police a cell here: {CANNOT_POLICE}"
+            ),
+        ),
+        CONTAINER,
+    ],
+    ids=["namespaces", "policed", "container"],
+)
 
 SPY = Path(spy.__file__)
 """Reads everything that could carry an environment and writes it out base64-encoded."""
@@ -116,53 +132,67 @@ def _spy_loot(run_dir: Path) -> bytes:
     return loot
 
 
-def _run(setup, monkeypatch, tmp_path, executor) -> tuple[Path, bytes]:
+def _run(setup, monkeypatch, tmp_path, executor, request=None) -> tuple[Path, bytes]:
     env = _export(monkeypatch)
     doc = spec(
         subjects=_subjects(tmp_path), executor=executor, execution={"maxConcurrentTaskGroups": 1}
     )
-    s = setup(doc, {"t1": {"test_sh": VERIFIER_SPY}})
+    task: dict = {"test_sh": VERIFIER_SPY}
+    if executor is CONTAINER:
+        assert request is not None
+        env["DOCKER_HOST"] = request.getfixturevalue("container_engine")
+        task["toml"] = f'[environment]\ndocker_image = "{PYTHON_IMAGE}"\n'
+    s = setup(doc, {"t1": task})
     s.run(host_env=env)
     return s.run_dir, _spy_loot(s.run_dir)
 
 
-@pytest.mark.parametrize("executor", [ISOLATED, POLICED], ids=["namespaces", "policed"])
+@SANDBOXES
 def test_no_process_a_subject_can_see_carries_another_credential(
-    setup, monkeypatch, tmp_path, executor
+    setup, monkeypatch, tmp_path, executor, request
 ):
-    if executor is POLICED and CANNOT_POLICE is not None:
-        pytest.skip(f"cannot police a cell here: {CANNOT_POLICE}")
-    _, loot = _run(setup, monkeypatch, tmp_path, executor)
+    _, loot = _run(setup, monkeypatch, tmp_path, executor, request)
     # PID 1 of the sandbox, every process, files: neither the other arm's key nor the
     # executor's environment. Its own key it has, in its own environment only.
     assert SECRET_B.encode() not in loot
     assert HOST_SECRET.encode() not in loot
     assert b"MAKA_EVAL_WORK_DIR" not in loot  # nothing of the executor's environment
-    assert b"/proc/1/environ=" in loot  # it did read PID 1's environment
-    pid1 = loot.split(b"/proc/1/environ=", 1)[1].split(b"\n", 1)[0]
-    assert SECRET_A.encode() not in pid1  # not even its own key: PID 1 is bubblewrap
+    assert b"/proc/1/cmdline=" in loot  # it did read PID 1
+    if executor is not CONTAINER:  # (a container's init holds a capability it lacks)
+        assert b"/proc/1/environ=" in loot
+    pid1 = (
+        loot.split(b"/proc/1/environ=", 1)[1].split(b"\n", 1)[0] if b"/proc/1/env" in loot else b""
+    )
+    # Not even its own key: PID 1 is bubblewrap, or the container's sleeping init.
+    assert SECRET_A.encode() not in pid1
 
 
-@pytest.mark.parametrize("executor", [ISOLATED, POLICED], ids=["namespaces", "policed"])
+@SANDBOXES
 def test_a_process_left_reading_while_the_verifier_runs_finds_nothing(
-    setup, monkeypatch, tmp_path, executor
+    setup, monkeypatch, tmp_path, executor, request
 ):
-    if executor is POLICED and CANNOT_POLICE is not None:
-        pytest.skip(f"cannot police a cell here: {CANNOT_POLICE}")
-    run_dir, _ = _run(setup, monkeypatch, tmp_path, executor)
+    run_dir, _ = _run(setup, monkeypatch, tmp_path, executor, request)
     later = spy.decode(_artifact(run_dir, "t1::1::spy", "agent/later.b64"))
-    assert b"/proc/1/environ=" in later, "the process left behind read nothing"
+    assert b"/proc/1/cmdline=" in later, "the process left behind read nothing"
     assert SECRET_B.encode() not in later and HOST_SECRET.encode() not in later
 
 
-def test_the_verifier_holds_no_credential(setup, monkeypatch, tmp_path):
-    run_dir, _ = _run(setup, monkeypatch, tmp_path, ISOLATED)
-    for cell in ("t1::1::spy", "t1::1::victim"):
+@SANDBOXES
+def test_the_verifier_holds_no_credential(setup, monkeypatch, tmp_path, executor, request):
+    run_dir, _ = _run(setup, monkeypatch, tmp_path, executor, request)
+    for cell, own in (("t1::1::spy", SECRET_A), ("t1::1::victim", SECRET_B)):
         seen = _decoded(_artifact(run_dir, cell, "verifier.stdout"), "VLOOT:", xor=True)
         assert seen, "the verifier's spy printed nothing"
         assert b"PATH=" in seen  # it did dump its environment
-        for secret in (SECRET_A, SECRET_B, HOST_SECRET):
+        # In a container the verifier shares the PID namespace with what the subject
+        # left running (tests look for the services it started): a root verifier can
+        # read that subject's own key from such a process, never any other.
+        others = [s for s in (SECRET_A, SECRET_B, HOST_SECRET) if s != own]
+        mine = [] if executor is CONTAINER else [own]
+        for secret in [*others, *mine]:
             assert secret.encode() not in seen, (cell, secret)
+        own_environment = seen.split(b"\n", 1)[0]
+        assert own.encode() not in own_environment  # never handed to it
         assert b"MAKA_EVAL_WORK_DIR" not in seen
 
 
