@@ -12,3 +12,12 @@ def _work_dir(tmp_path, monkeypatch):
     work.mkdir()
     monkeypatch.setenv("MAKA_EVAL_WORK_DIR", str(work))
     return work
+
+
+@pytest.fixture(autouse=True)
+def key_dir(tmp_path, monkeypatch):
+    """Each test seals its records with a key of its own, in a folder outside its run
+    and work folders (never the user's key folder): made on first use, as a real one."""
+    folder = tmp_path / "keys"
+    monkeypatch.setenv("MAKA_EVAL_KEY_DIR", str(folder))
+    return folder
