@@ -8,6 +8,7 @@ import csv
 import io
 import json
 import os
+import secrets
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -344,7 +345,8 @@ def make_run(
     experiment, _ = experiment_from_data(doc, "test")
     identity = RunIdentity(experiment.canonical(), {t["id"]: "sha256:aa" for t in doc["tasks"]})
     key_id = signing_key(key_dir()).key_id  # the test's key (tests/conftest.py)
-    document = run_document("run-" + run_dir.name, identity.document(), version, key_id)
+    run_id = f"run-{run_dir.name}-{secrets.token_hex(4)}"  # (each run its own ledger head)
+    document = run_document(run_id, identity.document(), version, key_id)
     document["createdAt"] = created.isoformat()
     run_dir.mkdir(parents=True)
     (run_dir / "experiment.json").write_text(json.dumps(document))

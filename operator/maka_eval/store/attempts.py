@@ -440,9 +440,7 @@ def _read_tasks(
     return read
 
 
-def _read_cell(
-    cell: str, attempts_dir: str, run_id: str, read: CellsRead, mode: ReadMode
-) -> None:
+def _read_cell(cell: str, attempts_dir: str, run_id: str, read: CellsRead, mode: ReadMode) -> None:
     """A cell whose seals are not checked: bare records (UNSEALED) or envelopes read
     without the key (SEALED_UNCHECKED)."""
     names = _listing(attempts_dir)

@@ -204,8 +204,7 @@ def classify(
                 Finding(
                     Breach.ADDED,
                     rejection.where,
-                    "no ledger line: this run's writer never committed it, and "
-                    f"{rejection.detail}",
+                    f"no ledger line: this run's writer never committed it, and {rejection.detail}",
                 )
             )
     for key, line in sorted(missing.items(), key=lambda item: item[1]):

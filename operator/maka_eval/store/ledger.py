@@ -129,9 +129,7 @@ class LedgerState:
     notes: list[str] = field(default_factory=list)
 
 
-def verify_ledger(
-    snapshot: LedgerSnapshot, key: SealKey, run_id: str, digest: str
-) -> LedgerState:
+def verify_ledger(snapshot: LedgerSnapshot, key: SealKey, run_id: str, digest: str) -> LedgerState:
     """Check the ledger's chain from its first line and hold it against the head."""
     where = str(snapshot.path)
     head, findings = _parse_head(snapshot, run_id, key.key_id)
@@ -161,7 +159,7 @@ def verify_ledger(
     places = state.places
     link = key.link
     number = 0
-    for number, line in enumerate(lines[1:], 1):  # noqa: B007  (number is read after)
+    for number, line in enumerate(lines[1:], 1):
         if len(line) <= _ENTRY_AT or line[_HEX] != 0x20 or line[_CHAIN_AT + _HEX] != 0x20:
             broken = True
         else:

@@ -257,9 +257,7 @@ def read_run(run_dir: Path) -> RunContents:
         if not verified:
             verify()
         contents.ledger = ledger = verified[0]
-        findings, pending = classify(
-            run_dir, ledger, read.records, read.rejected, read.interrupted
-        )
+        findings, pending = classify(run_dir, ledger, read.records, read.rejected, read.interrupted)
         notes = list(ledger.notes)
         if pending:
             notes.append(
