@@ -117,7 +117,8 @@ class LedgerState:
 
     exists: bool
     places: dict[str, int] = field(default_factory=dict)
-    """Each record line's place (`place()`) -> its line number (the first line is 1)."""
+    """Each record line's place (`place()`) -> its line number in the file (the first
+    record's line is 2: line 1 names the run)."""
     count: int = 0
     """Record lines that chain (all of them, unless a finding says otherwise)."""
     chain: bytes = b""
@@ -178,7 +179,7 @@ def verify_ledger(snapshot: LedgerSnapshot, key: SealKey, run_id: str, digest: s
             )
             state.count = number - 1
             return state
-        places[line[_ENTRY_AT:].decode()] = number
+        places[line[_ENTRY_AT:].decode()] = number + 1  # (the file's line number)
         if number == head_count:
             at_head = chain
     state.count = number
