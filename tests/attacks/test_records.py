@@ -488,6 +488,27 @@ def test_a_run_made_to_look_unsigned_is_found(runs, run, tmp_path):
     found(runs, run, [("run document edited", document)], tmp_path)
 
 
+@pytest.mark.parametrize("head_too", [False, True], ids=["key-id-changed", "and-no-head"])
+def test_a_run_pointed_at_another_key_is_found(runs, run, tmp_path, head_too):
+    """Its key id replaced (so that a reader would find no key and only say so), the
+    idler's score made 1: this key folder's head, or the ledger sealed with this
+    folder's key, says the run was sealed here."""
+    document = writable(run / "experiment.json")
+    data = json.loads(document.read_text())
+    data["keyId"] = "0123456789abcdef"
+    document.write_text(json.dumps(data, indent=2) + "\n")
+    path = writable(record_path(run, "t1::1::idler", 1))
+    path.write_bytes(_score_one(path.read_bytes()))
+    head = head_of(run)
+    saved = head.read_bytes()
+    try:
+        if head_too:
+            head.unlink()  # (the key folder is out of reach: only to show the ledger says it)
+        found(runs, run, [("run document edited", document)], tmp_path)
+    finally:
+        head.write_bytes(saved)
+
+
 def test_a_refused_resume_through_the_command_names_the_file_and_the_fix(runs, run):
     import subprocess
     import sys

@@ -213,6 +213,22 @@ def verify_ledger(snapshot: LedgerSnapshot, key: SealKey, run_id: str, digest: s
     return state
 
 
+def ledger_sealed_with(path: Path, key: SealKey) -> bool:
+    """Whether the ledger at `path` was started with `key` (its first line's chain value
+    is the key's), whatever run document it names."""
+    data = _read_optional(path, 4096)
+    if not data:
+        return False
+    parts = data.split(b"\n", 1)[0].split(b" ")
+    try:
+        fmt, run_id, line_key, digest, chain = (p.decode() for p in parts)
+    except (ValueError, UnicodeDecodeError):
+        return False
+    if fmt != LEDGER_FORMAT or line_key != key.key_id:
+        return False
+    return same_seal(key.genesis(run_id, digest).hex().encode(), chain.encode())
+
+
 def _first_line(
     line: bytes, key: SealKey, run_id: str, digest: str, where: str, state: LedgerState
 ) -> bytes | None:
@@ -372,14 +388,17 @@ class LedgerWriter:
         key: SealKey,
         state: LedgerState,
         heads: Path,
+        *,
+        durable: bool = True,
     ) -> LedgerWriter:
         """Append to a verified ledger: cut a last line a crash left without its newline,
-        and bring the head up to the ledger."""
+        and bring the head up to the ledger. (`durable=False` skips every fsync: for
+        synthesized runs, as a benchmark writes them.)"""
         head = _heads_folder(heads, run_id)
         path = run_dir / LEDGER_FILE
         if state.torn:
             os.truncate(path, path.stat().st_size - state.torn)
-        writer = cls(path, head, key, run_id, state.count, state.chain)
+        writer = cls(path, head, key, run_id, state.count, state.chain, durable=durable)
         writer._write_head()
         return writer
 

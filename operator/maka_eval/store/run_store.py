@@ -44,6 +44,7 @@ from maka_eval.store.integrity import Breach, Finding, Integrity, SealState, cla
 from maka_eval.store.ledger import (
     LEDGER_FILE,
     LedgerSnapshot,
+    ledger_sealed_with,
     LedgerState,
     LedgerWriter,
     document_digest,
@@ -58,6 +59,7 @@ from maka_eval.store.seal import (
     find_key,
     heads_dir,
     key_dir,
+    own_key,
     seal_record,
     signing_key,
 )
@@ -242,7 +244,8 @@ def read_run(run_dir: Path) -> RunContents:
         read.damaged.extend(finding.problem() for finding in contents.integrity.findings)
     elif (key := find_key(folder, key_id) if isinstance(key_id, str) else None) is None:
         read = _read_all(cells_root, contents.run_id, RecordCheck(ReadMode.SEALED_UNCHECKED))
-        contents.integrity = Integrity(SealState.UNVERIFIED, str(key_id), str(folder))
+        contents.integrity = _key_not_here(run_dir, contents.run_id, str(key_id), folder)
+        read.damaged.extend(finding.problem() for finding in contents.integrity.findings)
     else:
         # The head, then the ledger, then the records (see LedgerSnapshot); the ledger's
         # chain is checked while the reader's helper process starts.
@@ -289,6 +292,27 @@ def _read_all(
     if not cells_root.is_dir():
         return CellsRead()
     return read_cells(str(cells_root), run_id, check, meanwhile)
+
+
+def _key_not_here(run_dir: Path, run_id: str, key_id: str, folder: Path) -> Integrity:
+    """A run whose key is not in this key folder: copied from elsewhere (unverifiable
+    here), unless this folder's key sealed it (then its key id was changed)."""
+    signs = []
+    head = head_path(heads_dir(folder), run_id)
+    if head is not None and head.exists():
+        signs.append(f"this key folder holds its head ({head})")
+    local = own_key(folder)
+    if local is not None and ledger_sealed_with(run_dir / LEDGER_FILE, local):
+        signs.append(f"its ledger was written with this folder's key {local.key_id}")
+    if not signs:
+        return Integrity(SealState.UNVERIFIED, key_id, str(folder))
+    finding = Finding(
+        Breach.DOCUMENT_EDITED,
+        str(run_dir / EXPERIMENT_FILE),
+        f"it names seal key {key_id}, but {' and '.join(signs)}: its key id was changed, "
+        "so that nothing would be verified",
+    )
+    return Integrity(SealState.FAILED, key_id, str(folder), findings=(finding,))
 
 
 def _unsigned(run_dir: Path, run_id: str, folder: Path) -> Integrity:
