@@ -94,6 +94,12 @@ def run_info(source: AttemptSource, summary: RunSummary, label: str = "") -> Run
             RunState.RUNNING,
             f"the operator is still running it: {pending} cell(s) without a result yet",
         )
+    elif pending and summary.damaged and summary.has_writer_lock:
+        state, detail = (
+            RunState.INTERRUPTED,
+            f"{pending} cell(s) without a result; its records failed verification, so it "
+            "cannot be resumed: run the experiment into a new --out directory",
+        )
     elif pending:
         state, detail = (
             RunState.INTERRUPTED,

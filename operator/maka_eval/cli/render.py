@@ -226,7 +226,12 @@ def status_view(summary: RunSummary, *, bar: bool = True) -> RenderableType:
             "cells out of infrastructure retries run again only when asked: "
             "kubectl annotate cell <name> eval.maka.dev/rerun=<token>"
         )
-    if (
+    if summary.damaged and summary.has_writer_lock:
+        hints.append(
+            "records failed verification, so `maka-eval run` refuses to resume this run: "
+            "run the experiment into a new --out directory"
+        )
+    elif (
         pending
         and summary.has_writer_lock
         and not summary.budget.exhausted

@@ -129,8 +129,8 @@ class Integrity:
             text = f"{self.verified} record(s) verified (sealed with {key}, ledger complete)"
         elif self.state is SealState.FAILED:
             text = (
-                f"{len(self.findings)} failed verification and are not used; "
-                f"{self.verified} record(s) verified ({key})"
+                f"FAILED: {len(self.findings)} finding(s), each named; the records they "
+                f"concern are not used; {self.verified} record(s) verified ({key})"
             )
         elif self.state is SealState.UNVERIFIED:
             text = (

@@ -44,11 +44,11 @@ from maka_eval.store.integrity import Breach, Finding, Integrity, SealState, cla
 from maka_eval.store.ledger import (
     LEDGER_FILE,
     LedgerSnapshot,
-    ledger_sealed_with,
     LedgerState,
     LedgerWriter,
     document_digest,
     head_path,
+    ledger_sealed_with,
     verify_ledger,
 )
 from maka_eval.store.lock import LOCK_NAME, WriterLock
