@@ -187,6 +187,16 @@ def test_without_a_head_a_reader_says_what_it_cannot_check(tmp_path, key_dir):
     assert any("cut off the ledger's end would go unnoticed" in n for n in integrity.notes)
 
 
+def test_an_empty_head_is_what_a_power_loss_can_leave_and_is_no_head(tmp_path, key_dir):
+    run = _three(tmp_path)
+    _head(key_dir, run).write_bytes(b"")
+    integrity = read_run(run).integrity
+    assert integrity.state is SealState.VERIFIED
+    assert any("is empty" in note for note in integrity.notes)
+    RunWriter.open(run, IDENTITY, "0").close()  # resume writes it anew
+    assert json.loads(_head(key_dir, run).read_text())["count"] == 3
+
+
 def test_a_torn_last_line_is_ignored_by_readers(tmp_path):
     run = _three(tmp_path)
     with (run / "records.ledger").open("ab") as ledger:

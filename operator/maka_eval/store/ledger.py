@@ -17,11 +17,15 @@ reach, and is replaced after every line.
 A record's seal (store/seal.py) proves where it belongs; the ledger proves which
 records exist: a record file without a line was never committed (added), a line
 without its file was removed. The writer's order makes a crash look like neither:
-record file (fsync), then its line (fdatasync), then the head (fsync, rename). A crash
-can leave a sealed record without its line (read as pending and added on resume; only
-the key's holder can seal one), a head behind the ledger (accepted: a head is a lower
-bound, the writer moves it on at resume), or a last line without its newline (ignored,
-and cut on resume).
+record file (fsync), then its line (fdatasync), then the head (replaced by a rename). A
+crash can leave a sealed record without its line (read as pending and added on resume;
+only the key's holder can seal one), a head behind the ledger (accepted: a head is a
+lower bound, the writer moves it on at resume), or a last line without its newline
+(ignored, and cut on resume). The head is not fsync'd (a commit costs one fsync more
+than before sealing, not two): a process crash never loses it, and a power loss can
+only leave an older head (the line it follows is durable first) or, on a file system
+that does not order a rename after the data it replaces, an empty one, which is read as
+no head (a note, never a false alarm).
 """
 
 from __future__ import annotations
@@ -205,11 +209,14 @@ def verify_ledger(snapshot: LedgerSnapshot, key: SealKey, run_id: str, digest: s
                 )
             )
     elif state.count:
-        state.notes.append(
-            f"no head for this run in {snapshot.head_path.parent if snapshot.head_path else '?'}"
-            ": records cut off the ledger's end would go unnoticed (the run was written "
-            "with another key folder, or copied here with its key)"
+        why = (
+            f"its head {snapshot.head_path} is empty (the machine lost power while it was "
+            "replaced?)"
+            if snapshot.head == b""
+            else f"no head for this run in {snapshot.head_path.parent if snapshot.head_path else '?'}"
+            " (the run was written with another key folder, or copied here with its key)"
         )
+        state.notes.append(f"{why}: records cut off the ledger's end would go unnoticed")
     return state
 
 
@@ -284,7 +291,7 @@ def _first_line(
 def _parse_head(
     snapshot: LedgerSnapshot, run_id: str, key_id: str
 ) -> tuple[Head | None, list[Finding]]:
-    if snapshot.head is None:
+    if not snapshot.head:  # none, or emptied by a power loss (see the module's doc)
         return None, []
     where = str(snapshot.head_path)
     try:
@@ -428,8 +435,6 @@ class LedgerWriter:
         try:
             try:
                 _write_all(fd, (json.dumps(document) + "\n").encode())
-                if self._durable:
-                    os.fsync(fd)  # never an empty head after a power loss
             finally:
                 os.close(fd)
             os.replace(tmp, self._head)
@@ -451,6 +456,10 @@ def _heads_folder(heads: Path, run_id: str) -> Path:
         raise ValueError(f"run id {run_id!r} cannot name a head file")
     with contextlib.suppress(FileExistsError):
         heads.mkdir(mode=0o700)
+    # What a writer of this run killed while replacing its head left (we are its writer).
+    for tmp in heads.glob(f".tmp-{where.name}.*"):
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
     return where
 
 
