@@ -209,12 +209,13 @@ def verify_ledger(snapshot: LedgerSnapshot, key: SealKey, run_id: str, digest: s
                 )
             )
     elif state.count:
+        folder = snapshot.head_path.parent if snapshot.head_path else "the key folder"
         why = (
             f"its head {snapshot.head_path} is empty (the machine lost power while it was "
             "replaced?)"
             if snapshot.head == b""
-            else f"no head for this run in {snapshot.head_path.parent if snapshot.head_path else '?'}"
-            " (the run was written with another key folder, or copied here with its key)"
+            else f"no head for this run in {folder} (the run was written with another key "
+            "folder, or copied here with its key)"
         )
         state.notes.append(f"{why}: records cut off the ledger's end would go unnoticed")
     return state

@@ -25,7 +25,7 @@ import os
 import secrets as random
 import threading
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -238,14 +238,31 @@ def read_run(run_dir: Path) -> RunContents:
     folder = key_dir()
     key_id = document.get("keyId")
     cells_root = run_dir / CELLS_DIR
-    if key_id is None:
-        read = _read_all(cells_root, contents.run_id, UNSEALED)
-        contents.integrity = _unsigned(run_dir, contents.run_id, folder)
-        read.damaged.extend(finding.problem() for finding in contents.integrity.findings)
-    elif (key := find_key(folder, key_id) if isinstance(key_id, str) else None) is None:
-        read = _read_all(cells_root, contents.run_id, RecordCheck(ReadMode.SEALED_UNCHECKED))
-        contents.integrity = _key_not_here(run_dir, contents.run_id, str(key_id), folder)
-        read.damaged.extend(finding.problem() for finding in contents.integrity.findings)
+    if (
+        key_id is None
+        or (key := find_key(folder, key_id) if isinstance(key_id, str) else None) is None
+    ):
+        if key_id is None:
+            read = _read_all(cells_root, contents.run_id, UNSEALED)
+            contents.integrity = _unsigned(run_dir, contents.run_id, folder)
+        else:
+            read = _read_all(cells_root, contents.run_id, RecordCheck(ReadMode.SEALED_UNCHECKED))
+            contents.integrity = _key_not_here(run_dir, contents.run_id, str(key_id), folder)
+        if contents.integrity.findings:
+            # The run was sealed here and its key id was taken out or changed: none of
+            # its records can be verified, and none is used.
+            count = sum(map(len, read.records.values()))
+            read.records = {}
+            unused = tuple(
+                Finding(
+                    f.kind,
+                    f.where,
+                    f"{f.detail}; none of its {count} record(s) can be verified, so none is used",
+                )
+                for f in contents.integrity.findings
+            )
+            contents.integrity = replace(contents.integrity, findings=unused)
+            read.damaged.extend(finding.problem() for finding in unused)
     else:
         # The head, then the ledger, then the records (see LedgerSnapshot); the ledger's
         # chain is checked while the reader's helper process starts.
