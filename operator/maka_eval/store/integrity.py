@@ -177,8 +177,8 @@ def classify(
                 Finding(
                     Breach.MOVED,
                     rejection.where,
-                    f"it is sealed as {_describe(rejection.origin)}{was} and was moved "
-                    f"here from {_path(run_dir, rejection.origin)}{replaced}",
+                    f"it is sealed as {_describe(rejection.origin)}{was}, whose place is "
+                    f"{_path(run_dir, rejection.origin)}: moved or copied here{replaced}",
                 )
             )
         elif rejection.cause is Cause.REPLAYED:

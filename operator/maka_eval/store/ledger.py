@@ -281,7 +281,7 @@ def _first_line(
         state.findings.append(
             Finding(
                 Breach.DOCUMENT_EDITED,
-                where.rsplit("/", 1)[0] + "/experiment.json",
+                str(Path(where).with_name("experiment.json")),
                 "the run document (experiment.json) was changed after the run was created "
                 "(its sha256 is not the one the ledger's first line holds)",
             )
