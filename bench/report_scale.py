@@ -1,11 +1,15 @@
 """`maka-eval report` at scale: 100,000 attempt records, read back through the store.
 
 The run directory is synthesized in the store's own format: experiment.json is written
-by the store's writer (`RunWriter.open`), and every attempt is an `AttemptRecord`
-serialized by its own `to_json_bytes()` at the path the writer reserves
+by the store's writer (`RunWriter.open`), and every attempt is an `AttemptRecord` sealed
+as the writer seals it (`store.seal.seal_record`) at the path the writer reserves
 (`cells/<task>/<rep>/<subject>/attempts/NNNN.json`, next to its attempt folder), created
-exclusively and read-only as the writer creates it. The one thing skipped is the
-writer's fsync per record, which only makes the synthesis slow, not the files different.
+exclusively and read-only as the writer creates it, and listed in the run's ledger (its
+head in the key folder) by the writer's own `LedgerWriter`. The one thing skipped is the
+writer's fsync per record and per ledger line, which only makes the synthesis slow, not
+the files different. The seal key is made in `<dir>-keys` next to the run (never the
+user's key folder), and the measuring process is given it with MAKA_EVAL_KEY_DIR: the
+read verifies every seal and the whole ledger, as `maka-eval report` does.
 
 The experiment: 2,000 tasks x 15 repetitions x 3 subjects = 90,000 cells. 8,000 cells
 lose one attempt to the infrastructure, 700 lose two, and 300 lose three and are out of
@@ -41,6 +45,7 @@ import time
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 from maka_eval import __version__
 from maka_eval.contract.kernel import ResultKernel
@@ -48,7 +53,9 @@ from maka_eval.contract.record import AttemptRecord
 from maka_eval.engine.status import AttemptStatus, StatusSource, Trigger
 from maka_eval.engine.usage import Usage
 from maka_eval.spec.load import experiment_from_data
-from maka_eval.store.run_store import AttemptSlot, RunIdentity, RunWriter, cell_path
+from maka_eval.store.ledger import LedgerWriter
+from maka_eval.store.run_store import AttemptSlot, RunIdentity, RunWriter, cell_path, read_run
+from maka_eval.store.seal import KEY_DIR_ENV, heads_dir, key_dir, seal_record, signing_key
 
 TASKS = 2_000
 REPETITIONS = 15
@@ -88,9 +95,15 @@ def synthesize(run_dir: Path, seed: int = 7) -> int:
     experiment, _ = experiment_from_data(experiment_document(), "bench")
     digests = {t.id: "sha256:00" for t in experiment.spec.tasks}
     identity = RunIdentity(experiment.canonical(), digests)
-    writer = RunWriter.open(run_dir, identity, __version__)  # experiment.json, the lock
+    writer = RunWriter.open(run_dir, identity, __version__)  # experiment.json, the ledger
     run_id = writer.run_id
     writer.close()
+    key = signing_key(key_dir())
+    # The writer's own ledger writer, on the ledger RunWriter.open started, without the
+    # fsync per line (as the records below are written without theirs).
+    state = read_run(run_dir).ledger
+    assert state is not None
+    ledger = LedgerWriter.reopen(run_dir, run_id, key, state, heads_dir(key_dir()), durable=False)
     rng = random.Random(seed)
     difficulty = [rng.random() for _ in range(TASKS)]
     cells = [(t, r, s) for r in range(1, REPETITIONS + 1) for t in range(TASKS) for s in SUBJECTS]
@@ -125,9 +138,13 @@ def synthesize(run_dir: Path, seed: int = 7) -> int:
             )
             slot = AttemptSlot(cell_dir, number)
             slot.artifacts_dir.mkdir()
-            _write_exclusive(slot.record_path, record.to_json_bytes())
+            data, seal = seal_record(key, record)
+            _write_exclusive(slot.record_path, data)
+            ledger.append(record.cell_id, record.attempt, seal)
             written += 1
-    (run_dir / MARKER).write_text(json.dumps({"records": written, "seed": seed}))
+    ledger.close()
+    marker = {"records": written, "seed": seed, "sealed": True}
+    (run_dir / MARKER).write_text(json.dumps(marker))
     return written
 
 
@@ -191,14 +208,14 @@ def _record(
     )
 
 
-def measure(run_dir: Path, out_dir: Path) -> dict[str, float]:
+def measure(run_dir: Path, out_dir: Path) -> dict[str, Any]:
     """Build and write the report, timing each phase (run in a fresh process)."""
     from maka_eval.analysis.page import render_page
     from maka_eval.analysis.report import build_and_write_report
     from maka_eval.analysis.source import RunDirectorySource
     from maka_eval.analysis.summary import summarize_source
 
-    figures: dict[str, float] = {}
+    figures: dict[str, Any] = {}
     clock: list[tuple[float, float]] = [(time.perf_counter(), time.process_time())]
 
     def lap(name: str) -> None:
@@ -230,6 +247,9 @@ def measure(run_dir: Path, out_dir: Path) -> dict[str, float]:
     figures["page_alone"] = time.perf_counter() - started[0]
     figures["page_alone_cpu"] = time.process_time() - started[1]
     figures["records"] = sum(len(r) for r in source.records().values())
+    integrity = source.integrity()
+    assert integrity is not None and integrity.state.value == "verified", integrity
+    figures["integrity"] = f"{integrity.verified:,} verified, key {integrity.key_id}"
     figures["html_bytes"] = len(page.encode())
     figures["peak_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     # The largest child's peak: a writing child if it outgrew the helper (its resident
@@ -256,10 +276,15 @@ def main() -> None:
         run_dir = temporary / "run"
     else:
         run_dir = args.dir
+    # The run's own key folder, next to it: the measuring child inherits it.
+    os.environ[KEY_DIR_ENV] = str(run_dir.parent / (run_dir.name + "-keys"))
     try:
         if (run_dir / MARKER).is_file():
-            records = json.loads((run_dir / MARKER).read_text())["records"]
-            print(f"reusing {run_dir}: {records:,} attempt records")
+            marker = json.loads((run_dir / MARKER).read_text())
+            if not marker.get("sealed"):
+                sys.exit(f"{run_dir} holds unsealed records (an older synthesis); remove it")
+            records = marker["records"]
+            print(f"reusing {run_dir}: {records:,} sealed attempt records")
         else:
             if run_dir.exists():
                 sys.exit(f"{run_dir} exists and is not a synthesized run; name another --dir")
@@ -285,9 +310,9 @@ def main() -> None:
         def row(label: str, key: str) -> str:
             return f"{label:<48}{f[key]:7.2f} s wall {f[key + '_cpu']:7.2f} s CPU"
 
-        print(f"records read back: {int(f['records']):,}")
+        print(f"records read back: {int(f['records']):,} ({f['integrity']})")
         print(
-            row("read (RunDirectorySource: the store's reader)", "read")
+            row("read and verify (RunDirectorySource)", "read")
             + f" + {f['read_helper_cpu']:.2f} s CPU in its helper"
         )
         print(row("summarize (selection, cell states)", "summarize"))

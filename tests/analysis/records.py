@@ -16,6 +16,7 @@ from maka_eval.engine.status import AttemptStatus, StatusSource, Trigger
 from maka_eval.engine.usage import Usage
 from maka_eval.errors import Problem
 from maka_eval.spec.load import experiment_from_data
+from maka_eval.store.integrity import Integrity
 from maka_eval.store.run_store import RunIdentity, RunWriter
 from tests.helpers import spec
 
@@ -77,6 +78,7 @@ class FakeSource:
     interrupted_attempts: Mapping[str, Sequence[int]] = field(default_factory=dict)
     damaged_records: Sequence[Problem] = ()
     writer_view: WriterView | None = None
+    integrity_view: Integrity | None = None
 
     def __post_init__(self) -> None:
         experiment_from_data(self.document, "fake")  # fail early on a bad test document
@@ -110,6 +112,9 @@ class FakeSource:
 
     def writer(self) -> WriterView | None:
         return self.writer_view
+
+    def integrity(self) -> Integrity | None:
+        return self.integrity_view
 
 
 TWO_SUBJECTS = [{"id": s, "kind": "external", "config": {"command": "true"}} for s in ("x", "y")]

@@ -394,12 +394,12 @@ def fake_cluster(monkeypatch) -> FakeApi:
 
 def test_results_and_status_read_the_cluster_with_the_same_tables(fake_cluster, tmp_path):
     result = invoke("results", "--cluster", f"{NS}/{NAME}")
-    assert result.exit_code == 0, result.output
+    assert result.exit_code == 3, result.output  # printed, and one Attempt left out
     assert "Results (earliest valid attempt per cell)" in result.stdout
     assert "t1::1::x" in result.stdout and "0.750" in result.stdout
     assert "t1::1::y" in result.stdout and "0.250" in result.stdout
     assert "2 cell(s) without a result: t2::1::x, t2::1::y" in result.stdout
-    assert "1 damaged attempt record(s)" in result.stderr
+    assert "1 attempt record(s) in evals/exp FAILED VERIFICATION" in result.stderr
     assert f"attempt {NS}/exp-t2-1-x-1" in result.stderr
 
     as_json = invoke("results", "--cluster", f"{NS}/{NAME}", "--format", "json")
@@ -408,11 +408,12 @@ def test_results_and_status_read_the_cluster_with_the_same_tables(fake_cluster, 
     assert {c["cell"]: c["score"] for c in data["cells"]} == {"t1::1::x": 0.75, "t1::1::y": 0.25}
 
     status = invoke("status", "--cluster", f"{NS}/{NAME}", "--kubeconfig", str(tmp_path / "kc"))
-    assert status.exit_code == 0, status.output
+    assert status.exit_code == 3, status.output
     assert f"{NS}/{NAME}  ({UID})" in status.stdout
     assert "writer" not in status.stdout  # the operator writes; there is no lock
     assert "maka-eval run" not in status.stdout  # no local hints for a cluster
-    assert "1 record(s) left out" in status.stdout
+    assert "1 FAILED VERIFICATION, left out" in status.stdout
+    assert "not sealed: written by the operator alone" in status.stdout
     assert fake_cluster.connected == [None, None, tmp_path / "kc"]
 
 

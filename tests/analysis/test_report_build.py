@@ -8,6 +8,7 @@ import csv
 import io
 import json
 import os
+import secrets
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -26,6 +27,7 @@ from maka_eval.spec.load import experiment_from_data
 from maka_eval.store.lock import LockInfo, LockState
 from maka_eval.store.records import run_document
 from maka_eval.store.run_store import RunIdentity, RunWriter
+from maka_eval.store.seal import key_dir, signing_key
 from tests.analysis.records import FakeSource, attempt
 from tests.analysis.test_summary import ATTEMPTS, DOCUMENT
 from tests.helpers import spec
@@ -342,7 +344,9 @@ def make_run(
     """A run directory written by the store's writer, created at `created`."""
     experiment, _ = experiment_from_data(doc, "test")
     identity = RunIdentity(experiment.canonical(), {t["id"]: "sha256:aa" for t in doc["tasks"]})
-    document = run_document("run-" + run_dir.name, identity.document(), version)
+    key_id = signing_key(key_dir()).key_id  # the test's key (tests/conftest.py)
+    run_id = f"run-{run_dir.name}-{secrets.token_hex(4)}"  # (each run its own ledger head)
+    document = run_document(run_id, identity.document(), version, key_id)
     document["createdAt"] = created.isoformat()
     run_dir.mkdir(parents=True)
     (run_dir / "experiment.json").write_text(json.dumps(document))

@@ -37,20 +37,33 @@ def damaged_run(tmp_path) -> tuple[Path, Path]:
 def test_a_damaged_record_is_a_warning_naming_the_file(damaged_run, command):
     run_dir, damaged = damaged_run
     result = invoke(command, str(run_dir))
-    assert result.exit_code == 0, result.output
-    assert "warning" in result.stderr and str(damaged) in result.stderr.replace("\n", "")
+    # Everything else is printed; the exit code says records failed verification.
+    assert result.exit_code == cli_main.VERIFICATION_FAILED, result.output
+    stderr = result.stderr.replace("\n", "")
+    assert "FAILED VERIFICATION" in stderr and f"{damaged}: edited: " in stderr
     assert "t1::1::x" in result.stdout  # the intact record is still shown
-    if command == "status":
-        assert "1 record(s) left out" in result.stdout
+    assert "1 FAILED VERIFICATION, left out" in result.stdout
 
 
 def test_results_json_stays_json_next_to_a_damaged_record(damaged_run):
     run_dir, damaged = damaged_run
     result = invoke("results", str(run_dir), "--format", "json")
-    assert result.exit_code == 0
+    assert result.exit_code == cli_main.VERIFICATION_FAILED
     data = json.loads(result.stdout)
     assert [c["cell"] for c in data["cells"]] == ["t1::1::x"]
     assert str(damaged) in result.stderr.replace("\n", "")
+    integrity = data["integrity"]
+    assert integrity["state"] == "failed verification" and integrity["verifiedRecords"] == 1
+    assert [f["where"] for f in integrity["failures"]] == [str(damaged)]
+
+
+def test_a_verified_run_says_so_and_exits_0(tmp_path):
+    make_run(tmp_path / "run")
+    result = invoke("status", str(tmp_path / "run"))
+    assert result.exit_code == 0, result.output
+    assert "2 record(s) verified (sealed with key" in result.stdout
+    data = json.loads(invoke("results", str(tmp_path / "run"), "-f", "json").stdout)
+    assert data["integrity"]["state"] == "verified" and data["integrity"]["failures"] == []
 
 
 class FakeRun:

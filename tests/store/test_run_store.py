@@ -127,11 +127,12 @@ def test_damaged_records_are_reported_not_trusted(tmp_path):
     path.write_text(path.read_text().replace('"completed"', '"winning"'))
     contents = read_run(tmp_path / "run")  # readers skip it and say which file
     assert contents.records == {} and [p.where for p in contents.damaged] == [str(path)]
+    assert contents.damaged[0].message.startswith("edited: ")
     with pytest.raises(StoreError) as info:
         require_intact(contents)  # ...and a writer refuses to add attempts next to it
-    assert "damaged attempt records" in info.value.summary
+    assert "fail verification" in info.value.summary
     assert str(path) in info.value.render()
-    with pytest.raises(StoreError, match="damaged attempt records"):
+    with pytest.raises(StoreError, match="fail verification"):
         RunWriter.open(tmp_path / "run", IDENTITY, "0")
 
     # A valid record moved to another cell is caught too.
@@ -140,7 +141,8 @@ def test_damaged_records_are_reported_not_trusted(tmp_path):
     moved.mkdir(parents=True)
     os.rename(path, moved / "0001.json")
     damaged = read_run(tmp_path / "run").damaged
-    assert len(damaged) == 1 and "tampered" in damaged[0].message
+    assert len(damaged) == 1 and damaged[0].message.startswith("moved: ")
+    assert damaged[0].where == str(moved / "0001.json")
 
 
 def test_a_live_lock_refuses_a_second_writer(tmp_path):

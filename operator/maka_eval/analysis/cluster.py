@@ -34,6 +34,7 @@ from maka_eval.errors import MakaEvalError, Problem
 from maka_eval.k8s.names import LABEL_EXPERIMENT
 from maka_eval.k8s.resources import AttemptSpec, CellSpec
 from maka_eval.spec.experiment import API_GROUP, API_VERSION
+from maka_eval.store.integrity import Integrity
 
 VERSION = API_VERSION.split("/", 1)[1]
 REQUEST_TIMEOUT_SEC = 30.0
@@ -134,6 +135,9 @@ class ClusterSource:
 
     def writer(self) -> WriterView | None:
         return None  # the operator is the writer; there is no lock to show
+
+    def integrity(self) -> Integrity | None:
+        return None  # only the operator may write results (status RBAC, CEL write-once)
 
     # -- reading ---------------------------------------------------------------------
     def _request(self, what: str, call: Callable[[], Any]) -> Any:

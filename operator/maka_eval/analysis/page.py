@@ -22,12 +22,15 @@ from maka_eval.analysis.plots import (
     duration_plot,
     score_plot,
 )
-from maka_eval.analysis.report import Report
+from maka_eval.analysis.provenance import RunInfo
+from maka_eval.analysis.report import Report, failures_json
 from maka_eval.analysis.statistics import CONFIDENCE, Interval
 from maka_eval.printable import visible
 from maka_eval.store.attempts import collector_paused
+from maka_eval.store.integrity import SealState
 
 MAX_LISTED_CELLS = 60
+MAX_LISTED_FAILURES = 200
 
 
 def escape(text: str) -> str:
@@ -57,6 +60,10 @@ header .sub { color: var(--muted); }
             background: var(--panel); border-radius: 6px; }
 .warnings h2 { margin-top: 0; }
 .warnings li { margin: 4px 0; }
+.failed { border-left: 4px solid var(--bad); }
+.failed h2 { color: var(--bad); }
+.failed td { white-space: normal; }
+.badge.failed { background:#fee2e2; color:var(--bad); }
 section { background: var(--panel); border-radius: 10px; padding: 16px 20px; margin: 16px 0;
           box-shadow: 0 1px 2px rgba(0,0,0,.06); }
 h2 { font-size: 16px; margin: 0 0 10px; }
@@ -138,6 +145,13 @@ def _header(report: Report) -> str:
         if report.partial
         else "<span class='badge complete'>complete</span>"
     )
+    if any(run.problems for run in report.runs):
+        badge += "<span class='badge failed'>records failed verification</span>"
+    elif any(
+        run.integrity is not None and run.integrity.state is not SealState.VERIFIED
+        for run in report.runs
+    ):
+        badge += "<span class='badge partial'>unverified</span>"
     runs = " · ".join(
         escape(f"{run.label + ': ' if run.label else ''}{run.location} ({run.run_id})")
         for run in report.runs
@@ -172,6 +186,51 @@ def _warnings(report: Report) -> str:
         return ""
     items = "".join(f"<li>{escape(w)}</li>" for w in found)
     return f"<div class='warnings'><h2>Warnings</h2><ul>{items}</ul></div>"
+
+
+def _failed_section(report: Report) -> str:
+    """Every record that failed verification: which file, and how it failed."""
+    rows = []
+    for run in report.runs:
+        label = f"{run.label}: " if run.label else ""
+        rows += [
+            [
+                escape(label + failure["kind"]),
+                f"<code>{escape(failure['where'])}</code>",
+                escape(failure["detail"]),
+            ]
+            for failure in failures_json(run)
+        ]
+    if not rows:
+        return ""
+    more = (
+        f"<p class='note'>… and {len(rows) - MAX_LISTED_FAILURES:,} more (summary.json "
+        "lists every one).</p>"
+        if len(rows) > MAX_LISTED_FAILURES
+        else ""
+    )
+    return (
+        f"<section class='failed' id='failed'><h2>Failed verification ({len(rows):,})</h2>"
+        "<p class='note'>These records' seals or ledger lines do not hold: they were "
+        "edited, forged, moved, copied from another run or removed after they were "
+        "written. What they hold is left out of every figure on this page.</p>"
+        f"{_table(['how', 'file', 'what was seen'], rows[:MAX_LISTED_FAILURES], 3)}{more}"
+        "</section>"
+    )
+
+
+def _records_cell(run: RunInfo) -> str:
+    integrity = run.integrity
+    if integrity is None:
+        return "not sealed (cluster)"
+    if integrity.state is SealState.VERIFIED:
+        return escape(f"verified: {integrity.verified:,} (key {integrity.key_id})")
+    if integrity.state is SealState.FAILED:
+        return (
+            f"<span class='sig'>{len(run.problems):,} failed</span> · "
+            f"{integrity.verified:,} verified"
+        )
+    return f"<span class='lb'>{escape(integrity.state.value)}</span>"
 
 
 def _pass_header(arms: Sequence[ArmSummary]) -> list[int]:
@@ -449,13 +508,14 @@ def _plots_section(report: Report, colors: dict[str, str], rendered: Mapping[str
 
 
 def _runs_section(report: Report) -> str:
-    head = ["run", "location", "state", "cells with a result", "started", "maka-eval"]
+    head = ["run", "location", "state", "cells with a result", "records", "started", "maka-eval"]
     rows = [
         [
             escape(run.label) or "&ndash;",
             escape(f"{run.location} ({run.run_id})"),
             escape(run.state.value),
             f"{run.with_result:,} / {run.cells:,}",
+            _records_cell(run),
             run.started_at.strftime("%Y-%m-%d %H:%M UTC") if run.started_at else "&ndash;",
             escape(", ".join(run.versions) or "unknown"),
         ]
@@ -518,6 +578,7 @@ def _page(report: Report, plots: Mapping[str, str]) -> str:
         _header(report),
         _banner(report),
         _warnings(report),
+        _failed_section(report),
         _arms_section(report, colors),
         _plots_section(report, colors, plots),
         _pairs_section(report),

@@ -22,6 +22,8 @@ from typing import Any
 from maka_eval.analysis.source import AttemptSource, RunDirectorySource
 from maka_eval.analysis.summary import RunSummary
 from maka_eval.engine.selection import CellState
+from maka_eval.errors import Problem
+from maka_eval.store.integrity import Integrity
 from maka_eval.store.lock import LockState
 
 
@@ -58,6 +60,10 @@ class RunInfo:
     """The frozen canonical experiment."""
     task_digests: Mapping[str, str]
     """Task content digests, where the store keeps them (a run directory)."""
+    integrity: Integrity | None = None
+    """What verifying the records' seals found (None: a store that does not seal)."""
+    problems: tuple[Problem, ...] = ()
+    """What failed verification, each naming its file (`damaged` counts them)."""
 
     @property
     def partial(self) -> bool:
@@ -87,6 +93,12 @@ def run_info(source: AttemptSource, summary: RunSummary, label: str = "") -> Run
         state, detail = (
             RunState.RUNNING,
             f"the operator is still running it: {pending} cell(s) without a result yet",
+        )
+    elif pending and summary.damaged and summary.has_writer_lock:
+        state, detail = (
+            RunState.INTERRUPTED,
+            f"{pending} cell(s) without a result; its records failed verification, so it "
+            "cannot be resumed: run the experiment into a new --out directory",
         )
     elif pending:
         state, detail = (
@@ -124,6 +136,8 @@ def run_info(source: AttemptSource, summary: RunSummary, label: str = "") -> Run
         versions=tuple(sorted(versions)),
         document=summary.experiment.canonical(),
         task_digests=dict(digests) if isinstance(digests, Mapping) else {},
+        integrity=summary.integrity,
+        problems=summary.damaged,
     )
 
 

@@ -19,6 +19,7 @@ import marshal
 import math
 import os
 import sys
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -35,6 +36,7 @@ from maka_eval.analysis.source import AttemptSource
 from maka_eval.analysis.statistics import CONFIDENCE, DEFAULT_RESAMPLES, Interval
 from maka_eval.analysis.summary import RunSummary, summarize_source
 from maka_eval.store.attempts import collector_paused
+from maka_eval.store.integrity import SealState
 
 RUN_LABELS = ("A", "B")
 SUMMARY_FORMAT = "maka.eval.report.v1"
@@ -78,11 +80,7 @@ class Report:
                     f"{name} is {run.state.value}: {run.detail}. Figures cover the "
                     f"{run.with_result} of {run.cells} cells with a result so far"
                 )
-            if run.damaged:
-                found.append(
-                    f"{name}: {run.damaged} damaged attempt record(s) were left out "
-                    "(`maka-eval status` names them)"
-                )
+            found += verification_warnings(name, run)
         if self.two_runs:
             differs = (
                 "; they differ in: " + "; ".join(self.run_differences)
@@ -105,6 +103,61 @@ class Report:
                     "partner and were left out of the comparison"
                 )
         return found
+
+
+MAX_NAMED_FAILURES = 5
+"""Failed records a warning names (summary.json and the page list every one)."""
+
+
+def verification_warnings(name: str, run: RunInfo) -> list[str]:
+    """What the run's seals and ledger say, when it is not plainly 'verified'."""
+    found = []
+    if run.problems:
+        kinds = Counter(failure["kind"] for failure in failures_json(run))
+        named = "; ".join(str(p) for p in run.problems[:MAX_NAMED_FAILURES])
+        more = len(run.problems) - MAX_NAMED_FAILURES
+        found.append(
+            f"{name}: {len(run.problems)} attempt record(s) FAILED VERIFICATION ("
+            + ", ".join(f"{n} {kind}" for kind, n in kinds.items())
+            + "); what they hold is left out of every figure: "
+            + named
+            + (f"; and {more} more (summary.json lists every one)" if more > 0 else "")
+        )
+    integrity = run.integrity
+    if integrity is not None and integrity.state in (SealState.UNVERIFIED, SealState.UNSIGNED):
+        found.append(f"{name}: {integrity.describe()}")
+    return found
+
+
+def failures_json(run: RunInfo) -> list[dict[str, str]]:
+    """Every failure of a run: its kind (how it failed), its file and what was seen."""
+    findings = run.integrity.findings if run.integrity is not None else ()
+    listed = {finding.problem() for finding in findings}
+    out = [{"kind": f.kind.value, "where": f.where, "detail": f.detail} for f in findings]
+    out += [
+        {"kind": "damaged", "where": p.where, "detail": p.message}
+        for p in run.problems
+        if p not in listed
+    ]
+    return out
+
+
+def _integrity_json(run: RunInfo) -> dict[str, Any]:
+    integrity = run.integrity
+    if integrity is None:
+        return {
+            "state": "not sealed",
+            "why": "a cluster: only the operator may write an Attempt's result",
+            "failures": failures_json(run),
+        }
+    return {
+        "state": integrity.state.value,
+        "keyId": integrity.key_id,
+        "verifiedRecords": integrity.verified,
+        "failures": failures_json(run),
+        "notes": list(integrity.notes),
+        "summary": integrity.describe(),
+    }
 
 
 def build_report(
@@ -340,6 +393,7 @@ def _run_json(run: RunInfo) -> dict[str, Any]:
         "pending": run.pending,
         "exhausted": run.exhausted,
         "damagedRecords": run.damaged,
+        "integrity": _integrity_json(run),
         "startedAt": run.started_at.isoformat() if run.started_at else None,
         "makaEvalVersions": list(run.versions),
         "benchmark": run.document.get("benchmark"),

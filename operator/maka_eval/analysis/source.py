@@ -9,8 +9,12 @@ shapes follow what a cluster stores as well as what a run directory holds:
   identity, status = the result kernel) labelled with their Cell there;
 - interrupted attempts: a reserved attempt directory without a record here; an Attempt
   whose pod is gone without a result there;
-- damaged records: a record that does not parse or was moved here; an Attempt whose
-  status fails validation there. They are reported and left out, never trusted;
+- damaged records: a record whose seal or ledger line fails verification (edited,
+  added, moved, replayed, removed) or that does not parse here; an Attempt whose status
+  fails validation there. They are reported and left out, never trusted;
+- integrity: what the seals and the ledger say of the run as a whole here (verified,
+  failed, or not verifiable on this machine); nothing there, where only the operator
+  may write an Attempt's result (status RBAC, write-once CEL rules);
 - the writer: the `.writer.lock` here; nothing there (the operator is the writer).
 """
 
@@ -23,6 +27,7 @@ from typing import Any, Protocol
 
 from maka_eval.contract.record import AttemptRecord
 from maka_eval.errors import Problem
+from maka_eval.store.integrity import Integrity
 from maka_eval.store.lock import LockInfo, LockState, inspect_lock
 from maka_eval.store.run_store import EXPERIMENT_FILE, RunContents, read_run
 
@@ -73,6 +78,11 @@ class AttemptSource(Protocol):
         """The writer lock's state, or None where the store has no such lock."""
         ...
 
+    def integrity(self) -> Integrity | None:
+        """What verifying the records' seals found, or None where records are not
+        sealed because the store itself guards them (a cluster)."""
+        ...
+
 
 class RunDirectorySource:
     """An AttemptSource over a local run directory (the file store)."""
@@ -114,3 +124,6 @@ class RunDirectorySource:
     def writer(self) -> WriterView | None:
         state, info = inspect_lock(self.run_dir)
         return WriterView(state, info)
+
+    def integrity(self) -> Integrity | None:
+        return self._contents.integrity

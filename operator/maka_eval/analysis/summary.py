@@ -26,6 +26,7 @@ from maka_eval.errors import Problem
 from maka_eval.spec.experiment import Experiment
 from maka_eval.spec.load import experiment_from_data
 from maka_eval.store.attempts import collector_paused
+from maka_eval.store.integrity import Integrity
 from maka_eval.store.lock import LockInfo, LockState
 
 _STATUS = attrgetter("result.status")
@@ -101,9 +102,11 @@ class RunSummary:
     attempts: int
     attempt_counts: Mapping[str, int]
     damaged: tuple[Problem, ...] = ()
-    """Records left out because they cannot be trusted (each names its file)."""
+    """What failed verification (each names its file): its records are left out."""
     has_writer_lock: bool = True
     """False where the store has no writer lock (a cluster: the operator writes)."""
+    integrity: Integrity | None = None
+    """What verifying the records' seals found (None: a store that does not seal)."""
 
     @cached_property
     def subjects(self) -> tuple[SubjectSummary, ...]:
@@ -211,6 +214,7 @@ def summarize_source(source: AttemptSource) -> RunSummary:
         attempt_counts=counts,
         damaged=tuple(source.damaged()),
         has_writer_lock=writer is not None,
+        integrity=source.integrity(),
     )
 
 

@@ -2,6 +2,13 @@
 
 User mistakes (bad specs, missing prerequisites, locked or mismatched run directories)
 are printed as messages naming the field and the fix, never as tracebacks.
+
+Exit codes: 0 done; 2 a user mistake (nothing done); 3 `run`, `status`, `results` or
+`report` printed everything else, but attempt records failed verification (edited,
+forged, moved, copied from another run or removed: each is named on stderr, and left
+out); 130 interrupted. A run whose records cannot be verified on this machine (its key
+is not here, or it was written before records were sealed) is marked UNVERIFIED on
+stderr and in `status`, and exits 0.
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ from maka_eval.local.prerequisites import check_prerequisites, work_root_path
 from maka_eval.process_table import ProcessEntry
 from maka_eval.spec.load import LoadedExperiment, load_experiment_file
 from maka_eval.spec.task_directory import TaskDefinition, load_tasks
+from maka_eval.store.integrity import SealState
 from maka_eval.store.lock import unlock
 from maka_eval.store.run_store import read_run
 
@@ -197,29 +205,51 @@ def run(
             f"[yellow]{missing} cell(s) have no result[/yellow]: see `maka-eval status {out_dir}`"
         )
     out.print(f"[dim]details: maka-eval results {out_dir}[/dim]")
+    _exit_if_failed(summary)
+
+
+VERIFICATION_FAILED = 3
+"""The exit code when attempt records failed verification (see the module's doc)."""
+
+DIRECTORY_DAMAGE = (
+    "maka-eval never rewrites a record: they were tampered with after they were "
+    "written, and a writer refuses to resume this run"
+)
 
 
 def _summary(run_dir: Path) -> RunSummary:
-    """Summarize a run directory; damaged records are warned about (stderr) and skipped."""
-    return _summarize(
-        RunDirectorySource(run_dir),
-        "maka-eval never rewrites a record; a writer refuses to resume until they are "
-        "moved out of the run directory",
-    )
+    """Summarize a run directory; what fails verification is warned about (stderr)."""
+    return _summarize(RunDirectorySource(run_dir), DIRECTORY_DAMAGE)
 
 
 def _summarize(source: AttemptSource, why: str) -> RunSummary:
-    """Summarize a source; damaged records are warned about (stderr, with `why`) and skipped."""
+    """Summarize a source; records that fail verification are warned about (stderr,
+    each named, with `why`) and left out; an unverifiable run is said to be so."""
     summary = summarize_source(source)
+    integrity = summary.integrity
     if summary.damaged:
         err.print(
-            f"[yellow]warning:[/yellow] {len(summary.damaged)} damaged attempt record(s) "
-            f"left out of these results ({why}):",
+            f"[red]warning:[/red] {len(summary.damaged)} attempt record(s) in "
+            f"{summary.run_dir} FAILED VERIFICATION and are left out of these results "
+            f"({why}):",
             highlight=False,
+            soft_wrap=True,
         )
         for problem in summary.damaged:
             err.print(f"  - {problem}", highlight=False, markup=False, soft_wrap=True)
+    if integrity is not None and integrity.state in (SealState.UNVERIFIED, SealState.UNSIGNED):
+        err.print(
+            f"[yellow]warning:[/yellow] {escape(summary.run_dir)}: {escape(integrity.describe())}",
+            highlight=False,
+            soft_wrap=True,
+        )
     return summary
+
+
+def _exit_if_failed(*summaries: RunSummary) -> None:
+    """Exit 3 (after everything else is printed) when records failed verification."""
+    if any(summary.damaged for summary in summaries):
+        raise typer.Exit(VERIFICATION_FAILED)
 
 
 RunDirArgument = Annotated[
@@ -272,11 +302,13 @@ def _read_summary(run_dir: Path | None, cluster: str | None, kubeconfig: Path | 
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--cluster") from None
     source = ClusterSource(connect(kubeconfig), namespace, name)
-    return _summarize(
-        source,
-        "their Attempt's spec or status.result does not parse, or its Cell disagrees; "
-        "`kubectl get attempt -n NAMESPACE NAME -o yaml` shows one",
-    )
+    return _summarize(source, CLUSTER_DAMAGE)
+
+
+CLUSTER_DAMAGE = (
+    "their Attempt's spec or status.result does not parse, or its Cell disagrees; "
+    "`kubectl get attempt -n NAMESPACE NAME -o yaml` shows one"
+)
 
 
 def _say_where_workspaces_are(report: RunReport) -> None:
@@ -297,8 +329,11 @@ def status(
     cluster: ClusterOption = None,
     kubeconfig: KubeconfigOption = None,
 ) -> None:
-    """Show a run's cells (selected result per cell), subjects, budget and writer."""
-    out.print(render.status_view(_read_summary(run_dir, cluster, kubeconfig), bar=_wide()))
+    """Show a run's cells (selected result per cell), subjects, budget, writer, and what
+    verifying its records found (exit 3 when records failed verification)."""
+    summary = _read_summary(run_dir, cluster, kubeconfig)
+    out.print(render.status_view(summary, bar=_wide()))
+    _exit_if_failed(summary)
 
 
 @app.command()
@@ -311,7 +346,8 @@ def results(
     cluster: ClusterOption = None,
     kubeconfig: KubeconfigOption = None,
 ) -> None:
-    """Print the result map: each cell's earliest valid attempt, and per-subject summaries."""
+    """Print the result map: each cell's earliest valid attempt, and per-subject summaries
+    (records that fail verification are left out, named on stderr, and exit 3)."""
     summary = _read_summary(run_dir, cluster, kubeconfig)
     if fmt is OutputFormat.json:
         sys.stdout.write(render.results_json(summary) + "\n")
@@ -319,6 +355,7 @@ def results(
         sys.stdout.write(render.results_csv(summary))
     else:
         out.print(render.results_table(summary, bar=_wide()))
+    _exit_if_failed(summary)
 
 
 # `report`: the full analysis; its module imports this one's helpers only when it runs.

@@ -15,6 +15,7 @@ from typing import Any
 
 from rich import box
 from rich.console import Group, RenderableType
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
@@ -26,6 +27,7 @@ from maka_eval.printable import visible
 from maka_eval.spec.load import LoadedExperiment
 from maka_eval.spec.metering import prices_summary
 from maka_eval.spec.subjects import ExternalSubject, MakaSubject
+from maka_eval.store.integrity import SealState
 from maka_eval.store.lock import LockState
 
 STATUS_STYLE = {
@@ -226,11 +228,7 @@ def status_view(summary: RunSummary, *, bar: bool = True) -> RenderableType:
     interrupted = sum(r.interrupted for r in summary.cells)
     extra = f", {interrupted} interrupted (writer died)" if interrupted else ""
     head.add_row("attempts", f"{summary.attempts} recorded ({counts or 'none'}){extra}")
-    if summary.damaged:
-        head.add_row(
-            "damaged",
-            f"[red]{len(summary.damaged)} record(s) left out[/red] (each is named in the warning)",
-        )
+    head.add_row("records", records_line(summary))
     budget_line = summary.budget.describe()
     if summary.budget.exhausted and pending:
         budget_line += f"  [yellow]budget reached: {pending} cell(s) will not start[/yellow]"
@@ -246,7 +244,12 @@ def status_view(summary: RunSummary, *, bar: bool = True) -> RenderableType:
             "cells out of infrastructure retries run again only when asked: "
             "kubectl annotate cell <name> eval.maka.dev/rerun=<token>"
         )
-    if (
+    if summary.damaged and summary.has_writer_lock:
+        hints.append(
+            "records failed verification, so `maka-eval run` refuses to resume this run: "
+            "run the experiment into a new --out directory"
+        )
+    elif (
         pending
         and summary.has_writer_lock
         and not summary.budget.exhausted
@@ -284,6 +287,8 @@ def results_table(summary: RunSummary, *, bar: bool = True) -> RenderableType:
         )
     missing = [r.cell_id for r in summary.cells if r.selected is None]
     parts: list[RenderableType] = [table, subjects_table(summary.subjects, bar=bar)]
+    if summary.damaged or not verified(summary):
+        parts.append(Text.from_markup(f"records: {records_line(summary)}"))
     if missing:
         parts.append(
             safe_text(
@@ -294,6 +299,45 @@ def results_table(summary: RunSummary, *, bar: bool = True) -> RenderableType:
             )
         )
     return Group(*parts)
+
+
+def verified(summary: RunSummary) -> bool:
+    """Whether the run's records are sealed and verified (a cluster's are not sealed:
+    the operator alone writes them)."""
+    return summary.integrity is None or summary.integrity.state is SealState.VERIFIED
+
+
+def records_line(summary: RunSummary) -> str:
+    """What verifying the records found, in one line (rich markup)."""
+    integrity = summary.integrity
+    failed = (
+        f"[red]{len(summary.damaged)} FAILED VERIFICATION, left out[/red] (each is named "
+        "in the warning); "
+        if summary.damaged
+        else ""
+    )
+    if integrity is None:
+        return failed + "not sealed: written by the operator alone (a cluster)"
+    text = escape(integrity.describe())
+    if integrity.state is SealState.VERIFIED:
+        return f"[green]{text}[/green]"
+    if integrity.state is SealState.FAILED:
+        return failed + escape("; ".join([f"{integrity.verified} verified", *integrity.notes]))
+    return failed + f"[yellow]{text}[/yellow]"
+
+
+def _integrity_json(summary: RunSummary) -> dict[str, Any]:
+    integrity = summary.integrity
+    failures = [{"where": p.where, "problem": p.message} for p in summary.damaged]
+    if integrity is None:
+        return {"state": "not sealed", "failures": failures}
+    return {
+        "state": integrity.state.value,
+        "keyId": integrity.key_id,
+        "verifiedRecords": integrity.verified,
+        "failures": failures,
+        "notes": list(integrity.notes),
+    }
 
 
 def _difference_json(d: PairedDifference | None) -> dict[str, Any] | None:
@@ -343,6 +387,8 @@ def results_json(summary: RunSummary) -> str:
             "spentTokens": summary.budget.spent_tokens,
             "exhausted": summary.budget.exhausted,
         },
+        # What verifying the records found: failed ones are not in `cells`.
+        "integrity": _integrity_json(summary),
     }
     return json.dumps(body, indent=2)
 

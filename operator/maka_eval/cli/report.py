@@ -21,21 +21,13 @@ if TYPE_CHECKING:
     from maka_eval.analysis.source import AttemptSource
     from maka_eval.analysis.summary import RunSummary
 
-_CLUSTER_DAMAGE = (
-    "their Attempt's spec or status.result does not parse, or its Cell disagrees; "
-    "`kubectl get attempt -n NAMESPACE NAME -o yaml` shows one"
-)
-_DIRECTORY_DAMAGE = (
-    "maka-eval never rewrites a record; a writer refuses to resume until they are moved "
-    "out of the run directory"
-)
-
 
 def _sources(
     run_dirs: list[Path], cluster: str | None, kubeconfig: Path | None
 ) -> list[tuple[AttemptSource, str]]:
     """The runs to report on (A first), each with why its damaged records are left out."""
     from maka_eval.analysis.source import RunDirectorySource
+    from maka_eval.cli.main import CLUSTER_DAMAGE, DIRECTORY_DAMAGE
 
     if cluster is None and kubeconfig is not None:
         raise typer.BadParameter(
@@ -54,7 +46,7 @@ def _sources(
             param_hint="RUN_DIR / RUN_DIR_B / --cluster",
         )
     sources: list[tuple[AttemptSource, str]] = [
-        (RunDirectorySource(path), _DIRECTORY_DAMAGE) for path in run_dirs
+        (RunDirectorySource(path), DIRECTORY_DAMAGE) for path in run_dirs
     ]
     if cluster is not None:
         # Imported here: only --cluster needs the kubernetes client.
@@ -64,7 +56,7 @@ def _sources(
             namespace, name = parse_target(cluster)
         except ValueError as exc:
             raise typer.BadParameter(str(exc), param_hint="--cluster") from None
-        sources.append((ClusterSource(connect(kubeconfig), namespace, name), _CLUSTER_DAMAGE))
+        sources.append((ClusterSource(connect(kubeconfig), namespace, name), CLUSTER_DAMAGE))
     return sources
 
 
@@ -132,9 +124,10 @@ def report_command(
     ] = 0,
 ) -> None:
     """The full analysis: per-arm intervals, paired comparisons with exact tests, losses;
-    writes report.html, cells.csv and summary.json."""
+    writes report.html, cells.csv and summary.json (records that fail verification are
+    left out, listed in the report and on stderr, and exit 3)."""
     from maka_eval.analysis.report import build_and_write_report
-    from maka_eval.cli.main import _summarize, out
+    from maka_eval.cli.main import _exit_if_failed, _summarize, out
 
     run_dirs = [p for p in (run_dir, run_dir_b) if p is not None]
     # A large run takes seconds to read: say what is going on (on a terminal only). The
@@ -160,6 +153,7 @@ def report_command(
         markup=False,
         soft_wrap=True,
     )
+    _exit_if_failed(*summaries)
 
 
 # -- the terminal view ------------------------------------------------------------------

@@ -14,11 +14,18 @@ read by two processes: a helper reads the second half of the task directories wh
 this process reads the first, and sends its records back as tuples of plain values
 (marshal: half the cost of pickling the records, see `_flat_record`). Well-formed records
 take the contract's fast path (`AttemptRecord.from_dict` -> `plain_record`).
+
+In a sealed run (store/seal.py) each record's seal is checked on the bytes read, before
+the record is parsed, in both processes (the helper gets the key on its stdin pipe);
+about 2 µs a record. A record that fails is refused with what was seen (`Rejection`):
+what it means (edited, added, moved, replayed) is decided against the ledger
+(store/integrity.py).
 """
 
 from __future__ import annotations
 
 import contextlib
+import enum
 import fcntl
 import gc
 import marshal
@@ -29,13 +36,14 @@ import struct
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
 from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
+from maka_eval import strict_json
 from maka_eval.contract.fields import ContractError
 from maka_eval.contract.kernel import ArtifactEntry, ResultKernel
 from maka_eval.contract.record import MAX_RECORD_BYTES, AttemptRecord
@@ -43,6 +51,16 @@ from maka_eval.engine.expand import cell_id
 from maka_eval.engine.status import AttemptStatus, StatusSource, Trigger
 from maka_eval.engine.usage import Usage
 from maka_eval.errors import Problem
+from maka_eval.store.integrity import Cause, Rejection
+from maka_eval.store.seal import (
+    BODY_AT,
+    ENVELOPE_BYTES,
+    SEAL_AT,
+    SealKey,
+    is_envelope,
+    record_place,
+    same_seal,
+)
 
 TMP_PREFIX = ".tmp-"
 """Temporary files of the writer (a record before it is linked to its name)."""
@@ -60,6 +78,35 @@ anywhere on the host), and a FIFO cannot make the reader wait."""
 
 _HELPER_MAIN = "from maka_eval.store.attempts import serve_helper; serve_helper()"
 
+MAX_FILE_BYTES = MAX_RECORD_BYTES + ENVELOPE_BYTES
+"""A sealed record file: a record of at most MAX_RECORD_BYTES in its envelope."""
+
+
+class ReadMode(enum.StrEnum):
+    """What a run's record files are, and what a reader checks of them."""
+
+    SEALED = "sealed"
+    """Envelopes whose seals are checked with the run's key (store/seal.py)."""
+    SEALED_UNCHECKED = "sealed-unchecked"
+    """Envelopes, read without checking their seals: the run's key is not here."""
+    UNSEALED = "unsealed"
+    """Bare records, written before records were sealed."""
+
+
+@dataclass(frozen=True)
+class RecordCheck:
+    """How to read a run's record files: the mode, and the key for SEALED."""
+
+    mode: ReadMode
+    key: SealKey | None = None
+
+    def __post_init__(self) -> None:
+        if (self.mode is ReadMode.SEALED) != (self.key is not None):
+            raise ValueError("a key is needed to check seals, and only then")
+
+
+UNSEALED = RecordCheck(ReadMode.UNSEALED)
+
 
 @dataclass
 class CellsRead:
@@ -70,7 +117,10 @@ class CellsRead:
     interrupted: dict[str, list[int]] = field(default_factory=dict)
     damaged: list[Problem] = field(default_factory=list)
     """Records that do not parse, name another cell or attempt than their path, or
-    belong to another run: left out of `records`."""
+    belong to another run: left out of `records` (runs whose seals are not checked)."""
+    rejected: list[Rejection] = field(default_factory=list)
+    """Record files whose seal or place fails (SEALED): left out of `records`; what
+    each means is the ledger's to say (store/integrity.py)."""
 
     def extend(self, other: CellsRead) -> None:
         """Add what other cells hold (read after these, so the order stays the path's)."""
@@ -79,16 +129,25 @@ class CellsRead:
         for cell, numbers in other.interrupted.items():
             self.interrupted.setdefault(cell, []).extend(numbers)
         self.damaged.extend(other.damaged)
+        self.rejected.extend(other.rejected)
 
 
-def read_cells(cells_root: str, run_id: str) -> CellsRead:
+def read_cells(
+    cells_root: str,
+    run_id: str,
+    check: RecordCheck = UNSEALED,
+    meanwhile: Callable[[], None] | None = None,
+) -> CellsRead:
     """Read every `<task>/<rep>/<subject>/attempts` directory under `cells_root`, in
-    path order (a cell without one has no attempts)."""
+    path order (a cell without one has no attempts). `meanwhile` is called before this
+    process reads its first record, once the helper (if any) is starting."""
     with collector_paused():
         tasks = _subdirectory_names(cells_root)
         if not _worth_a_helper(cells_root, tasks):
-            return _read_tasks(cells_root, tasks, run_id)
-        read = _shared_read(cells_root, tasks, run_id)
+            if meanwhile is not None:
+                meanwhile()
+            return _read_tasks(cells_root, tasks, run_id, check)
+        read = _shared_read(cells_root, tasks, run_id, check, meanwhile)
         if sum(map(len, read.records.values())) >= FREEZE_FROM_RECORDS:
             # A large run's records are most of the heap, live as long as their reader
             # and hold no cycles: move them (and what else is alive) out of the
@@ -121,9 +180,17 @@ waits for this process to take a task's records."""
 _F_SETPIPE_SZ = 1031
 
 
-def _shared_read(cells_root: str, tasks: Sequence[str], run_id: str) -> CellsRead:
+def _shared_read(
+    cells_root: str,
+    tasks: Sequence[str],
+    run_id: str,
+    check: RecordCheck,
+    meanwhile: Callable[[], None] | None,
+) -> CellsRead:
     pieces: dict[int, CellsRead] = {}
-    with _helper(cells_root, tasks, run_id) as helper:
+    with _helper(cells_root, tasks, run_id, check) as helper:
+        if meanwhile is not None:  # while the helper starts (about 0.3 s)
+            meanwhile()
         reading = 0.0  # seconds this process spent reading tasks
         decoding = False  # whether this process decodes the helper's tasks as they come
         for index, task in enumerate(tasks):
@@ -143,7 +210,7 @@ def _shared_read(cells_root: str, tasks: Sequence[str], run_id: str) -> CellsRea
                 helper.tell_started(index)
             if helper is None or index not in helper.pieces:  # (the helper failed)
                 started = time.perf_counter()
-                pieces[index] = _read_tasks(cells_root, [task], run_id)
+                pieces[index] = _read_tasks(cells_root, [task], run_id, check)
                 reading += time.perf_counter() - started
         if helper is not None:
             helper.finish()
@@ -152,7 +219,7 @@ def _shared_read(cells_root: str, tasks: Sequence[str], run_id: str) -> CellsRea
     read = CellsRead()
     for index, task in enumerate(tasks):
         own = pieces.get(index)
-        read.extend(own if own is not None else _read_tasks(cells_root, [task], run_id))
+        read.extend(own if own is not None else _read_tasks(cells_root, [task], run_id, check))
     return read
 
 
@@ -165,7 +232,9 @@ def serve_helper() -> None:
     out = sys.stdout.buffer
     started = sys.stdin.fileno()  # unbuffered: no number may be read ahead and lost
     (size,) = _TASK_INDEX.unpack(_read_exactly(started, _TASK_INDEX.size))
-    tasks: list[str] = marshal.loads(_read_exactly(started, size))
+    # The seal key comes on this pipe, never in the environment or the arguments.
+    tasks, mode, secret = marshal.loads(_read_exactly(started, size))
+    check = RecordCheck(ReadMode(mode), SealKey(secret) if secret is not None else None)
     os.set_blocking(started, False)
     pending = b""
     other = -1  # the last task this process said it started
@@ -185,7 +254,7 @@ def serve_helper() -> None:
         number = _TASK_INDEX.pack(index)
         out.write(_FRAME.pack(_FRAME_STARTED, len(number)) + number)
         out.flush()
-        data = number + encode_cells_read(_read_tasks(cells_root, [tasks[index]], run_id))
+        data = number + encode_cells_read(_read_tasks(cells_root, [tasks[index]], run_id, check))
         out.write(_FRAME.pack(_FRAME_TASK, len(data)) + data)
     out.write(_FRAME.pack(_FRAME_END, 0))
     out.flush()
@@ -328,6 +397,7 @@ def encode_cells_read(read: CellsRead) -> bytes:
                 ],
                 read.interrupted,
                 [(problem.where, problem.message) for problem in read.damaged],
+                [rejection.values() for rejection in read.rejected],
             )
         )
     except ValueError:  # an unmarshallable value
@@ -344,22 +414,31 @@ def decode_cells_read(data: bytes) -> CellsRead:
         return read
     if data[:1] != _MARSHALLED:
         raise ValueError("the helper's output has no known format")
-    cells, interrupted, damaged = marshal.loads(data[1:])
+    cells, interrupted, damaged, rejected = marshal.loads(data[1:])
     return CellsRead(
         records={cell: [_unflat_record(values) for values in records] for cell, records in cells},
         interrupted=interrupted,
         damaged=[Problem(where, message) for where, message in damaged],
+        rejected=[Rejection.from_values(values) for values in rejected],
     )
 
 
-def _read_tasks(cells_root: str, tasks: Sequence[str], run_id: str) -> CellsRead:
+def _read_tasks(
+    cells_root: str, tasks: Sequence[str], run_id: str, check: RecordCheck = UNSEALED
+) -> CellsRead:
     read = CellsRead()
     for task in tasks:
         for rep in _subdirectories(os.path.join(cells_root, task)):
             repetition = _number(rep.name) or 0
+            # A folder maka-eval never makes ("01" for 1) is no place for a record.
+            placed = str(repetition) == rep.name
             for subject in _subdirectories(rep.path):
                 cell = cell_id(task, repetition, subject.name)
-                _read_cell(cell, f"{subject.path}/attempts", run_id, read)
+                attempts_dir = f"{subject.path}/attempts"
+                if check.key is not None:
+                    _read_sealed_cell(cell, attempts_dir, run_id, read, check.key, placed)
+                else:
+                    _read_cell(cell, attempts_dir, run_id, read, check.mode)
     for records in read.records.values():
         records.sort(key=_attempt)
     for numbers in read.interrupted.values():
@@ -367,14 +446,16 @@ def _read_tasks(cells_root: str, tasks: Sequence[str], run_id: str) -> CellsRead
     return read
 
 
-def _read_cell(cell: str, attempts_dir: str, run_id: str, read: CellsRead) -> None:
-    try:
-        names = sorted(os.listdir(attempts_dir))
-    except (FileNotFoundError, NotADirectoryError):
+def _read_cell(cell: str, attempts_dir: str, run_id: str, read: CellsRead, mode: ReadMode) -> None:
+    """A cell whose seals are not checked: bare records (UNSEALED) or envelopes read
+    without the key (SEALED_UNCHECKED)."""
+    names = _listing(attempts_dir)
+    if names is None:
         return
     numbers_with_records = set()
     folders: list[tuple[int, str]] = []  # names that may be attempt directories
     records = None
+    sealed = mode is ReadMode.SEALED_UNCHECKED
     for name in names:
         if not name.endswith(".json"):
             number = _number(name)
@@ -388,7 +469,15 @@ def _read_cell(cell: str, attempts_dir: str, run_id: str, read: CellsRead) -> No
             numbers_with_records.add(number)
         path = f"{attempts_dir}/{name}"
         try:
-            record = _from_json(_read_record(path))
+            data = _read_record(path, MAX_FILE_BYTES if sealed else MAX_RECORD_BYTES)
+            if sealed != is_envelope(data):
+                raise ContractError(
+                    "not a sealed record: this run's records are sealed"
+                    if sealed
+                    else "a sealed record in a run that names no seal key (its "
+                    "experiment.json was changed?)"
+                )
+            record = _from_json(data[BODY_AT:-2] if sealed else data)
         except (ContractError, OSError) as exc:
             read.damaged.append(Problem(path, f"not a valid attempt record: {str(exc)[:200]}"))
             continue
@@ -407,6 +496,120 @@ def _read_cell(cell: str, attempts_dir: str, run_id: str, read: CellsRead) -> No
         if records is None:
             records = read.records.setdefault(cell, [])
         records.append(record)
+    _interrupted(cell, attempts_dir, folders, numbers_with_records, read)
+
+
+def _read_sealed_cell(
+    cell: str, attempts_dir: str, run_id: str, read: CellsRead, key: SealKey, placed: bool
+) -> None:
+    """A cell of a sealed run, each record's seal checked against the record's bytes
+    and its place (this run, this cell, the number its name gives)."""
+    names = _listing(attempts_dir)
+    if names is None:
+        return
+    numbers_with_records = set()
+    folders: list[tuple[int, str]] = []
+    records = None
+    place = record_place(run_id, cell)
+    seal = key.seal
+    for name in names:
+        if not name.endswith(".json"):
+            number = _number(name)
+            if number is not None:
+                folders.append((number, name))
+            continue
+        if name.startswith(TMP_PREFIX):
+            continue
+        number = _number(name[: -len(".json")])
+        path = f"{attempts_dir}/{name}"
+        if number is None or not placed or f"{number:04d}.json" != name:
+            reject = Rejection(
+                path, cell, 0, Cause.NOT_A_PLACE, "maka-eval never writes a record there"
+            )
+            read.rejected.append(reject)
+            continue
+        numbers_with_records.add(number)  # a record, valid or not: not interrupted
+        try:
+            data = _read_record(path, MAX_FILE_BYTES)
+        except OSError as exc:
+            why = f"it cannot be read as a record file ({exc.strerror or exc})"
+            read.rejected.append(Rejection(path, cell, number, Cause.UNREADABLE, why))
+            continue
+        if len(data) > MAX_FILE_BYTES or not is_envelope(data):
+            read.rejected.append(_unsealed(path, cell, number, data))
+            continue
+        body = data[BODY_AT:-2]
+        if not same_seal(data[SEAL_AT : SEAL_AT + 64], seal(place, number, body)):
+            read.rejected.append(_bad_seal(path, cell, number, run_id, data, key))
+            continue
+        try:
+            record = _from_json(body)
+        except ContractError as exc:  # sealed, so written with the key: not by maka-eval
+            why = f"sealed, but not a valid attempt record: {str(exc)[:200]}"
+            read.rejected.append(Rejection(path, cell, number, Cause.INVALID, why))
+            continue
+        if record.cell_id != cell or record.attempt != number or record.run_id != run_id:
+            why = "sealed, but it names another place than the one it was sealed for"
+            read.rejected.append(Rejection(path, cell, number, Cause.INVALID, why))
+            continue
+        if records is None:
+            records = read.records.setdefault(cell, [])
+        records.append(record)
+    _interrupted(cell, attempts_dir, folders, numbers_with_records, read)
+
+
+def _unsealed(path: str, cell: str, number: int, data: bytes) -> Rejection:
+    if len(data) > MAX_FILE_BYTES:
+        why = f"it is larger than a record file may be ({MAX_FILE_BYTES} bytes)"
+    elif not data.strip():
+        why = "it is empty (or not a regular file)"
+    elif data.lstrip().startswith(b"{") and b'"format"' in data[:200]:
+        why = "it is not sealed (a bare record, or its seal was taken off)"
+    else:
+        why = "it is not a sealed record file (not JSON in the envelope's layout)"
+    return Rejection(path, cell, number, Cause.NOT_SEALED, why)
+
+
+def _bad_seal(
+    path: str, cell: str, number: int, run_id: str, data: bytes, key: SealKey
+) -> Rejection:
+    """A record whose seal fails here: sealed for another place or run, or not sealed
+    with this key at all (or edited)."""
+    found = data[SEAL_AT : SEAL_AT + 64]
+    body = data[BODY_AT:-2]
+    claims = None
+    with contextlib.suppress(ValueError, RecursionError):
+        claims = strict_json.loads(body)
+    if isinstance(claims, dict):
+        run, claimed, attempt = claims.get("runId"), claims.get("cellId"), claims.get("attempt")
+        if (
+            isinstance(run, str)
+            and isinstance(claimed, str)
+            and type(attempt) is int
+            and attempt >= 1
+            and same_seal(found, key.seal(record_place(run, claimed), attempt, body))
+        ):
+            if run != run_id:
+                return Rejection(path, cell, number, Cause.REPLAYED, "", run)
+            return Rejection(path, cell, number, Cause.MOVED, "", f"{attempt} {claimed}")
+    why = "its seal does not match its content (edited, or sealed with another key)"
+    return Rejection(path, cell, number, Cause.BAD_SEAL, why)
+
+
+def _listing(attempts_dir: str) -> list[str] | None:
+    try:
+        return sorted(os.listdir(attempts_dir))
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+
+
+def _interrupted(
+    cell: str,
+    attempts_dir: str,
+    folders: list[tuple[int, str]],
+    numbers_with_records: set[int],
+    read: CellsRead,
+) -> None:
     for number, name in folders:
         if number not in numbers_with_records and os.path.isdir(f"{attempts_dir}/{name}"):
             read.interrupted.setdefault(cell, []).append(number)
@@ -415,15 +618,15 @@ def _read_cell(cell: str, attempts_dir: str, run_id: str, read: CellsRead) -> No
 _from_json = AttemptRecord.from_json
 
 
-def _read_record(path: str) -> bytes:
-    """The file's bytes, at most one more than a record may have (so that an oversized
-    file is refused as such without being loaded)."""
+def _read_record(path: str, limit: int = MAX_RECORD_BYTES) -> bytes:
+    """The file's bytes, at most one more than `limit` (so that an oversized file is
+    refused as such without being loaded)."""
     fd = os.open(path, _RECORD_OPEN_FLAGS)
     try:
         chunks = []
         size = 0
-        while size <= MAX_RECORD_BYTES:
-            wanted = MAX_RECORD_BYTES + 1 - size
+        while size <= limit:
+            wanted = limit + 1 - size
             chunk = os.read(fd, wanted)
             chunks.append(chunk)
             size += len(chunk)
@@ -577,7 +780,9 @@ class _Helper:
 
 
 @contextlib.contextmanager
-def _helper(cells_root: str, tasks: Sequence[str], run_id: str) -> Iterator[_Helper | None]:
+def _helper(
+    cells_root: str, tasks: Sequence[str], run_id: str, check: RecordCheck
+) -> Iterator[_Helper | None]:
     """Start the helper (None if it cannot start: this process then reads it all); it
     is killed if this process stops reading early."""
     # The helper imports this package from where this process did, installed or not.
@@ -594,7 +799,8 @@ def _helper(cells_root: str, tasks: Sequence[str], run_id: str) -> Iterator[_Hel
         yield None
         return
     try:
-        names = marshal.dumps(list(tasks))
+        secret = check.key.secret_for_helper() if check.key is not None else None
+        names = marshal.dumps((list(tasks), check.mode.value, secret))
         assert process.stdin is not None
         try:  # the list is small (20 bytes a task); the helper reads it first
             process.stdin.write(_TASK_INDEX.pack(len(names)) + names)
