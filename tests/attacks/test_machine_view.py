@@ -48,6 +48,8 @@ MIRROR = f"mirror-marker-{TAG}"
 RUNS = f"runs-marker-{TAG}"
 HOME = f"home-marker-{TAG}"
 OTHER_TESTS = f"other-task-tests-marker-{TAG}"
+KEY = bytes.fromhex(uuid.uuid4().hex + uuid.uuid4().hex)
+"""The seal key the executor signs records with (its 32 bytes)."""
 MARKERS = {
     "solution": SOLUTION,
     "tests": TESTS,
@@ -65,7 +67,7 @@ echo $r > "$MAKA_EVAL_VERIFIER_LOGS_DIR/reward.txt"
 
 
 @pytest.fixture
-def bench(tmp_path) -> Iterator[Path]:
+def bench(tmp_path, monkeypatch) -> Iterator[Path]:
     """A benchmark repository outside /tmp (the sandbox has always had a /tmp of its
     own), a second checkout, a runs folder beside them, a note in /root."""
     root = Path("/var/tmp") / f"maka-eval-attack-{TAG}-{uuid.uuid4().hex[:6]}"
@@ -89,6 +91,13 @@ def bench(tmp_path) -> Iterator[Path]:
         (root / "runs").mkdir()
         (root / "runs" / "notes.txt").write_text(RUNS)
         note.write_text(HOME)
+        # The records' seal key, where a user keeps it (not under /tmp, which sandboxes
+        # have always had of their own): the executor alone may read it.
+        keys = root / "keys"
+        keys.mkdir(mode=0o700)
+        (keys / "seal.key").write_bytes(KEY)
+        (keys / "seal.key").chmod(0o600)
+        monkeypatch.setenv("MAKA_EVAL_KEY_DIR", str(keys))
         yield root
     finally:
         shutil.rmtree(root, ignore_errors=True)
@@ -145,6 +154,7 @@ def test_the_subject_finds_no_answer_anywhere_around_it(bench, tmp_path, executo
     assert b"MOUNTINFO" in found  # the prowler ran and reported
     leaked = {what: marker for what, marker in MARKERS.items() if marker.encode() in found}
     assert leaked == {}
+    assert KEY not in found  # the records' seal key
 
 
 @EXECUTORS

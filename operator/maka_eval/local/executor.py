@@ -95,6 +95,7 @@ from maka_eval.spec.load import LoadedExperiment
 from maka_eval.spec.metering import prices_of
 from maka_eval.spec.task_directory import TaskDefinition, benchmark_root
 from maka_eval.store.run_store import RunIdentity, RunWriter
+from maka_eval.store.seal import key_dir
 
 
 @dataclass(frozen=True)
@@ -265,6 +266,9 @@ class LocalRun:
                 str(self.run_dir.resolve()),
                 str(self._work.parent.resolve()),
                 str(benchmark_root(self.experiment, self.loaded.base_dir)),
+                # The records' seal key: never in a sandbox, even one showing the
+                # program's folder around it.
+                str(key_dir().resolve()),
             )
             # We hold the writer lock: whatever is here is left from a writer that died.
             shutil.rmtree(self._work, ignore_errors=True)
