@@ -89,7 +89,7 @@ from maka_eval.sandbox.container import (
     forget_images,
     remove_leftovers,
 )
-from maka_eval.sandbox.holders import NamespacePool
+from maka_eval.sandbox.holders import NamespacePool, etc_view
 from maka_eval.spec.egress import policy_of
 from maka_eval.spec.load import LoadedExperiment
 from maka_eval.spec.metering import prices_of
@@ -247,6 +247,9 @@ class LocalRun:
                     "this experiment cannot run here; nothing was started:", unready
                 )
             self._commands = check_prerequisites(self.loaded, self.tasks, self.host_env)
+            if self._commands.isolation == "namespaces":
+                # The sandboxes' /etc, copied once, now rather than in a first attempt.
+                etc_view()
             digests = program_digests(self.loaded, self._commands)
         identity = RunIdentity(
             self.experiment.canonical(),

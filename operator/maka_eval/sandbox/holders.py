@@ -161,8 +161,13 @@ def seen_at(lay: Layout) -> dict[str, str]:
     return {host: inside for host, inside, _ in Sources.of(lay).pairs()}
 
 
-@cache
 def _system_binds() -> tuple[str, ...]:
+    with _ETC_VIEW_LOCK:
+        return _system_binds_once()
+
+
+@cache
+def _system_binds_once() -> tuple[str, ...]:
     """The machine's runtime folders, read-only (symlinks kept as symlinks), with an
     /etc in which nothing is that others may not read (`etc_view`)."""
     args: list[str] = []
@@ -171,7 +176,7 @@ def _system_binds() -> tuple[str, ...]:
         if os.path.islink(path):
             args += ["--symlink", os.readlink(path), path]
         elif name == "etc":
-            view = etc_view()
+            view = _etc_view(ETC_VIEWS)
             if view is not None:
                 args += ["--ro-bind", view, path]
             else:  # masked in place: slower (a mount per entry), the same view
@@ -191,8 +196,17 @@ ETC_VIEWS = "/run/maka-eval/etc"
 never shown to a sandbox."""
 
 
-@cache
+_ETC_VIEW_LOCK = threading.Lock()
+
+
 def etc_view(views: str = ETC_VIEWS) -> str | None:
+    """The sandboxes' /etc (`_etc_view`), made once however many attempts ask at once."""
+    with _ETC_VIEW_LOCK:
+        return _etc_view(views)
+
+
+@cache
+def _etc_view(views: str) -> str | None:
     """A copy of /etc without what others may not read (shadow files, private keys,
     sudoers, keytabs: the machine's credentials, which a root subject could otherwise
     read), made once per process and shown as the sandbox's /etc in one mount (masking
