@@ -21,10 +21,9 @@ from pathlib import Path
 import pytest
 
 from maka_eval.engine.status import AttemptStatus
-from maka_eval.sandbox.process import namespaces_unavailable
 from maka_eval.store.run_store import artifact_path, read_run
 from tests.attacks.programs import prowler
-from tests.egress.policing import WHY_NOT as CANNOT_POLICE
+from tests.attacks.sandboxes import ISOLATED, NAMESPACES, PROCESS_SANDBOXES
 from tests.helpers import make_task, spec, write_experiment
 from tests.local.conftest import Setup
 
@@ -33,13 +32,7 @@ SANDBOX = "process sandbox (namespaces)"
 another sandbox, such as `policed`, says so in the test's id)."""
 ATTACK_CLASS = "reading around the sandbox"
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        namespaces_unavailable() is not None,
-        reason=f"the namespace sandbox cannot run here: {namespaces_unavailable()}",
-    ),
-]
+pytestmark = NAMESPACES
 
 TAG = uuid.uuid4().hex[:12]
 SOLUTION = f"solution-marker-{TAG}"
@@ -104,24 +97,16 @@ def bench(tmp_path, monkeypatch) -> Iterator[Path]:
         note.unlink(missing_ok=True)
 
 
-ISOLATED = {"kind": "local", "config": {"isolation": "namespaces"}}
-POLICED = {
-    "kind": "local",
-    "config": {"isolation": "namespaces", "sandbox": "process", "egress": {"mode": "proxy"}},
-}
-EXECUTORS = pytest.mark.parametrize(
-    "executor",
-    [
-        ISOLATED,
-        pytest.param(
-            POLICED,
-            marks=pytest.mark.skipif(
-                CANNOT_POLICE is not None, reason=f"cannot police a cell here: {CANNOT_POLICE}"
-            ),
-        ),
-    ],
-    ids=["namespaces", "policed"],
-)
+def _run_in_bench(bench: Path, subject: dict, executor: dict) -> Path:
+    """Run task t1 of the benchmark repository with one subject; the run folder."""
+    doc = spec(subjects=[subject], executor=executor, tasks=[{"id": "t1"}])
+    doc["benchmark"]["config"] = {"path": "tasks"}
+    s = Setup.__new__(Setup)
+    s.root, s.doc, s.events = bench / "bench", doc, []
+    s.path = write_experiment(bench / "bench", doc)
+    s.run_dir = bench / "runs" / "001"
+    s.run()
+    return s.run_dir
 
 
 def _prowl(bench: Path, tmp_path: Path, executor: dict) -> tuple[bytes, str]:
@@ -129,26 +114,17 @@ def _prowl(bench: Path, tmp_path: Path, executor: dict) -> tuple[bytes, str]:
     agents.mkdir()
     program = agents / "prowler.py"
     shutil.copy2(prowler.__file__, program)
-    doc = spec(
-        subjects=[{"id": "prowler", "kind": "external", "config": {"command": str(program)}}],
-        executor=executor,
-        tasks=[{"id": "t1"}],
-    )
-    doc["benchmark"]["config"] = {"path": "tasks"}
-    s = Setup.__new__(Setup)
-    s.root, s.doc, s.events = bench / "bench", doc, []
-    s.path = write_experiment(bench / "bench", doc)
-    s.run_dir = bench / "runs" / "001"
-    s.run()
-    record = read_run(s.run_dir).attempts("t1::1::prowler")[-1]
+    prowling = {"id": "prowler", "kind": "external", "config": {"command": str(program)}}
+    run_dir = _run_in_bench(bench, prowling, executor)
+    record = read_run(run_dir).attempts("t1::1::prowler")[-1]
     assert record.status is AttemptStatus.COMPLETED, record.result.reason
     assert record.result.score == 0.0
-    found = prowler.decode(artifact_path(s.run_dir, record, "agent/found.b64").read_text())
+    found = prowler.decode(artifact_path(run_dir, record, "agent/found.b64").read_text())
     mountinfo = found.split(b"MOUNTINFO\n", 1)[1].split(b"\n/", 1)[0].decode(errors="replace")
     return found, mountinfo
 
 
-@EXECUTORS
+@PROCESS_SANDBOXES
 def test_the_subject_finds_no_answer_anywhere_around_it(bench, tmp_path, executor):
     found, _ = _prowl(bench, tmp_path, executor)
     assert b"MOUNTINFO" in found  # the prowler ran and reported
@@ -157,7 +133,7 @@ def test_the_subject_finds_no_answer_anywhere_around_it(bench, tmp_path, executo
     assert KEY not in found  # the records' seal key
 
 
-@EXECUTORS
+@PROCESS_SANDBOXES
 def test_the_mount_table_names_nothing_the_host_hides(bench, tmp_path, executor):
     _, mountinfo = _prowl(bench, tmp_path, executor)
     assert "/proc" in mountinfo  # it is the mount table
@@ -189,21 +165,10 @@ def test_the_verifier_finds_no_other_task_run_folder_or_home_either(bench, tmp_p
         ],
         check=True,
     )
-    agents = tmp_path / "agents"
-    agents.mkdir()
-    doc = spec(
-        subjects=[{"id": "noop", "kind": "external", "config": {"command": "true"}}],
-        executor={"kind": "local", "config": {"isolation": "namespaces"}},
-        tasks=[{"id": "t1"}],
-    )
-    doc["benchmark"]["config"] = {"path": "tasks"}
-    s = Setup.__new__(Setup)
-    s.root, s.doc, s.events = bench / "bench", doc, []
-    s.path = write_experiment(bench / "bench", doc)
-    s.run_dir = bench / "runs" / "001"
-    s.run()
-    record = read_run(s.run_dir).attempts("t1::1::noop")[-1]
-    said = artifact_path(s.run_dir, record, "verifier.stdout").read_text()
+    noop = {"id": "noop", "kind": "external", "config": {"command": "true"}}
+    run_dir = _run_in_bench(bench, noop, ISOLATED)
+    record = read_run(run_dir).attempts("t1::1::noop")[-1]
+    said = artifact_path(run_dir, record, "verifier.stdout").read_text()
     found = prowler.decode(said.split("FOUND:", 1)[1].split()[0])
     assert b"MOUNTINFO" in found
     leaked = {w: m for w, m in MARKERS.items() if m.encode() in found and w != "tests"}

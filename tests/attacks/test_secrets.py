@@ -18,10 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from maka_eval.sandbox.process import namespaces_unavailable
 from maka_eval.store.run_store import artifact_path, read_run
 from tests.attacks.programs import spy
-from tests.egress.policing import WHY_NOT as CANNOT_POLICE
+from tests.attacks.sandboxes import CONTAINER, EVERY_SANDBOX, ISOLATED, NAMESPACES
 from tests.helpers import REWARD_ONE, spec
 from tests.sandbox.test_container import PYTHON_IMAGE
 
@@ -30,38 +29,12 @@ SANDBOX = "process sandbox (namespaces)"
 another sandbox, such as `policed`, says so in the test's id)."""
 ATTACK_CLASS = "credentials"
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        namespaces_unavailable() is not None,
-        reason=f"the namespace sandbox cannot run here: {namespaces_unavailable()}",
-    ),
-]
+pytestmark = NAMESPACES
 
 SECRET_A = "sk-spy-own-0123456789abcdef0123"
 SECRET_B = "sk-victim-fedcba9876543210fedc"
 HOST_SECRET = "aws-host-only-5f4e3d2c1b0a99887766"
 """In the executor's environment, declared by no subject."""
-ISOLATED = {"kind": "local", "config": {"isolation": "namespaces"}}
-POLICED = {
-    "kind": "local",
-    "config": {"isolation": "namespaces", "sandbox": "process", "egress": {"mode": "proxy"}},
-}
-CONTAINER = {"kind": "local", "config": {"sandbox": "container"}}
-SANDBOXES = pytest.mark.parametrize(
-    "executor",
-    [
-        ISOLATED,
-        pytest.param(
-            POLICED,
-            marks=pytest.mark.skipif(
-                CANNOT_POLICE is not None, reason=f"cannot police a cell here: {CANNOT_POLICE}"
-            ),
-        ),
-        CONTAINER,
-    ],
-    ids=["namespaces", "policed", "container"],
-)
 
 SPY = Path(spy.__file__)
 """Reads everything that could carry an environment and writes it out base64-encoded."""
@@ -147,7 +120,7 @@ def _run(setup, monkeypatch, tmp_path, executor, request=None) -> tuple[Path, by
     return s.run_dir, _spy_loot(s.run_dir)
 
 
-@SANDBOXES
+@EVERY_SANDBOX
 def test_no_process_a_subject_can_see_carries_another_credential(
     setup, monkeypatch, tmp_path, executor, request
 ):
@@ -167,7 +140,7 @@ def test_no_process_a_subject_can_see_carries_another_credential(
     assert SECRET_A.encode() not in pid1
 
 
-@SANDBOXES
+@EVERY_SANDBOX
 def test_a_process_left_reading_while_the_verifier_runs_finds_nothing(
     setup, monkeypatch, tmp_path, executor, request
 ):
@@ -177,7 +150,7 @@ def test_a_process_left_reading_while_the_verifier_runs_finds_nothing(
     assert SECRET_B.encode() not in later and HOST_SECRET.encode() not in later
 
 
-@SANDBOXES
+@EVERY_SANDBOX
 def test_the_verifier_holds_no_credential(setup, monkeypatch, tmp_path, executor, request):
     run_dir, _ = _run(setup, monkeypatch, tmp_path, executor, request)
     for cell, own in (("t1::1::spy", SECRET_A), ("t1::1::victim", SECRET_B)):

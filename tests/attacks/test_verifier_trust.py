@@ -16,9 +16,8 @@ import base64
 import pytest
 
 from maka_eval.engine.status import AttemptStatus
-from maka_eval.sandbox.process import namespaces_unavailable
 from maka_eval.store.run_store import read_run
-from tests.egress.policing import WHY_NOT as CANNOT_POLICE
+from tests.attacks.sandboxes import NAMESPACES, PROCESS_SANDBOXES
 from tests.helpers import spec
 
 SANDBOX = "process sandbox (namespaces)"
@@ -26,32 +25,8 @@ SANDBOX = "process sandbox (namespaces)"
 another sandbox, such as `policed`, says so in the test's id)."""
 ATTACK_CLASS = "code planted for the verifier"
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        namespaces_unavailable() is not None,
-        reason=f"the namespace sandbox cannot run here: {namespaces_unavailable()}",
-    ),
-]
+pytestmark = NAMESPACES
 
-ISOLATED = {"kind": "local", "config": {"isolation": "namespaces"}}
-POLICED = {
-    "kind": "local",
-    "config": {"isolation": "namespaces", "sandbox": "process", "egress": {"mode": "proxy"}},
-}
-EXECUTORS = pytest.mark.parametrize(
-    "executor",
-    [
-        ISOLATED,
-        pytest.param(
-            POLICED,
-            marks=pytest.mark.skipif(
-                CANNOT_POLICE is not None, reason=f"cannot police a cell here: {CANNOT_POLICE}"
-            ),
-        ),
-    ],
-    ids=["namespaces", "policed"],
-)
 
 # The real verifier: Python (json, os) decides; reward 1 only if done.txt exists.
 VERIFIER = """#!/bin/sh
@@ -132,7 +107,7 @@ ATTACKS = {
 }
 
 
-@EXECUTORS
+@PROCESS_SANDBOXES
 @pytest.mark.parametrize("attack", sorted(ATTACKS))
 def test_code_planted_for_the_verifier_never_runs(setup, attack, executor):
     planter = {
@@ -157,7 +132,7 @@ def test_code_planted_for_the_verifier_never_runs(setup, attack, executor):
     assert all(b'"score": 1.0' not in p.read_bytes() for p in raw)
 
 
-@EXECUTORS
+@PROCESS_SANDBOXES
 def test_the_verifier_holds_no_capability_to_undo_the_sandbox(setup, executor):
     """Whatever the verifier runs (here, the task's own test.sh, trusted, but it runs in
     what the subject left) has no capability the subject lacks: no mount, no setns."""
