@@ -199,3 +199,32 @@ def test_where_slots_cannot_be_mounted_attempts_make_their_own(tmp_path, monkeyp
         sandbox.stop()
     finally:
         pool.close()
+
+
+def test_in_a_task_image_the_program_inside_the_hidden_benchmark_is_shown(tmp_path):
+    """The relay in a Pod: the image's folders are shown but the hidden benchmark folder,
+    which holds the subject's own program (visible, read-only), and is read-only itself."""
+    bench = tmp_path / "bench"
+    (bench / "agents").mkdir(parents=True)
+    (bench / "agents" / "agent.sh").write_text("#!/bin/sh\necho agent\n")
+    (bench / "tasks").mkdir()
+    (bench / "tasks" / "secret.txt").write_text("solution")
+    layout = replace(
+        sandbox_layout(tmp_path / "a"),
+        hidden=(str(bench),),
+        visible=(str(bench / "agents"),),
+        in_task_image=True,
+    )
+    supervisor = ProcessSupervisor()
+    sandbox = Namespaces(supervisor, "pod", layout)
+    try:
+        sandbox.start()
+        look = (
+            f"cat {bench}/agents/agent.sh; ls {bench}; cat {bench}/tasks/secret.txt 2>&1; "
+            f"touch {bench}/planted 2>&1 || echo RO-MASK; ls /usr/bin/env"
+        )
+        _, out = _run(sandbox, Phase.SUBJECT, look, tmp_path)
+    finally:
+        sandbox.stop()
+    assert "echo agent" in out and "/usr/bin/env" in out, out
+    assert "solution" not in out and "RO-MASK" in out, out

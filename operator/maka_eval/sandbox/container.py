@@ -72,6 +72,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
+from maka_eval import strict_json
 from maka_eval.relay.output import OutputCapture
 from maka_eval.relay.plan import ContainerPlan
 from maka_eval.relay.processes import MARKER_VARIABLE as ATTEMPT_MARKER
@@ -1082,7 +1083,7 @@ class ContainerSandbox:
                 "MiB of paths)"
             )
         try:
-            return changes.parse_changes(json.loads(data) if data.strip() else [])
+            return changes.parse_changes(strict_json.loads(data) if data.strip() else [])
         except ValueError:
             raise OSError("the engine's list of the container's changes is not JSON") from None
 

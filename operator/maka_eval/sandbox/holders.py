@@ -329,15 +329,20 @@ def _common(view: View, src: Sources, network: Network | None) -> list[str]:
     # shows its folder only when that holds nothing hidden: local.plans.program_view);
     # a hidden folder inside what is shown is masked.
     mounts = [(p, ["--ro-bind", p, p]) for p in view.visible if os.path.exists(p)]
-    mounts += [
-        (hidden, ["--tmpfs", hidden, "--remount-ro", hidden])
+    masks = [
+        hidden
         for hidden in view.hidden
         if os.path.isdir(hidden) and (view.image or any(_inside(hidden, p) for p in view.visible))
     ]
+    mounts += [(hidden, ["--tmpfs", hidden]) for hidden in masks]
     # Outer folders first (hidden before visible at the same depth): a visible folder
     # that holds a hidden one must not show it again.
     for _, mount in sorted(mounts, key=lambda m: (len(Path(m[0]).parts), "--ro-bind" in m[1])):
         args += mount
+    # The masks read-only last: a visible folder inside one (the program in the hidden
+    # benchmark folder, in a Pod) needed its mount point made there first.
+    for hidden in masks:
+        args += ["--remount-ro", hidden]
     args += ["--bind", src.workspace, WORKSPACE_PATH]
     args += ["--bind", src.home, HOME_PATH, "--bind", src.tmp, TMP_PATH]
     if network is not None:
