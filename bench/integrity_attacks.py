@@ -16,7 +16,9 @@ Then it times each defence on its own, in ms per attempt, on this machine:
   usual output (4 streams of 256 KiB) with two credentials;
 - the environment built from nothing and the non-dumpable executor cost nothing per
   attempt (a smaller environment; one prctl per run) and are not timed;
-- the record seal and the container's change check (diff), when they exist here.
+- the record seal (an HMAC) and its ledger line (an fdatasync) per commit;
+- the container's change list (the engine's diff against the image, three per attempt),
+  when an engine answers.
 The process sandbox's whole cost per attempt, before and after, is bench/sandbox_overhead.py.
 
 Exit status: 0 when every attack that ran was blocked, 1 otherwise.
@@ -28,7 +30,6 @@ Exit status: 0 when every attack that ran was blocked, 1 otherwise.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import statistics
 import subprocess
@@ -43,10 +44,14 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 import pytest  # noqa: E402
+from tests.sandbox.test_container import PYTHON_IMAGE  # noqa: E402
 
 from maka_eval.artifacts import Redactor, encoded_forms  # noqa: E402
 from maka_eval.sandbox import holders  # noqa: E402
+from maka_eval.sandbox.container import client_for, engine_info  # noqa: E402
 from maka_eval.sandbox.process import SUBJECT_CAPS, namespaces_unavailable  # noqa: E402
+from maka_eval.store.ledger import LedgerWriter  # noqa: E402
+from maka_eval.store.seal import SealKey, record_place  # noqa: E402
 
 REFINED = {"policed": "process sandbox, policed egress", "container": "container sandbox"}
 
@@ -197,24 +202,54 @@ def defence_costs(runs: int) -> list[tuple[str, str]]:
             f"{every - raw:+.2f} ms ({every:.2f} vs {raw:.2f} for the raw value only)",
         )
     )
-    rows += optional_costs(runs)
+    rows += seal_costs(runs)
+    rows += change_list_cost(runs)
     rows.append(
         ("environment built from nothing; non-dumpable executor", "0 (nothing per attempt)")
     )
     return rows
 
 
-def optional_costs(runs: int) -> list[tuple[str, str]]:
-    """Defences timed by their own modules when they provide a `bench_cost` (the record
-    seal, the container's change check)."""
-    rows = []
-    for module_name in ("maka_eval.store.seal", "maka_eval.sandbox.changes"):
-        with contextlib.suppress(ImportError):
-            module = __import__(module_name, fromlist=["bench_cost"])
-            cost = getattr(module, "bench_cost", None)
-            if cost is not None:
-                rows.append(cost(runs))
-    return rows
+def seal_costs(runs: int) -> list[tuple[str, str]]:
+    """The record seal: the HMAC of a record, and its ledger line (written, fdatasync'd)
+    with the head moved on, as a commit does."""
+    key = SealKey(os.urandom(32))
+    body = os.urandom(1200).hex().encode()  # about a record's size
+    place = record_place("run-bench", "t1::1::s")
+    seal_ms = median_ms(lambda: [key.seal(place, n, body) for n in range(1000)], runs) / 1000
+    with tempfile.TemporaryDirectory() as scratch:
+        root = Path(scratch)
+        (root / "heads").mkdir()
+        ledger = LedgerWriter.create(root, "run-bench", key, "0" * 64, root / "heads")
+        try:
+            seal = key.seal(place, 1, body)
+            counter = iter(range(1, 10**9))
+            line_ms = median_ms(lambda: ledger.append("t1::1::s", next(counter), seal), runs)
+        finally:
+            ledger.close()
+    return [
+        ("record seal (HMAC-SHA256 of a record)", f"+{seal_ms:.4f} ms"),
+        ("ledger line (fdatasync) and head, per commit", f"+{line_ms:.2f} ms"),
+    ]
+
+
+def change_list_cost(runs: int) -> list[tuple[str, str]]:
+    """The container's change list (the engine's diff against the image), which the
+    container sandbox takes three times per attempt; needs an answering engine."""
+    probe = engine_info()
+    if probe.engine is None:
+        return [("container change list (engine diff)", f"not timed: {probe.why_none()}")]
+    client = client_for(probe.engine.url)
+    try:
+        container = client.containers.run(PYTHON_IMAGE, ["sleep", "60"], detach=True)
+    except Exception as exc:  # no such image here: say so rather than fail the bench
+        return [("container change list (engine diff)", f"not timed: {exc}")]
+    try:
+        container.exec_run(["sh", "-c", "mkdir -p /opt/x && echo hi > /opt/x/f && touch /etc/x"])
+        diff_ms = median_ms(lambda: client.api.diff(container.id), runs)
+    finally:
+        container.remove(force=True)
+    return [("container change list (engine diff), x3 per attempt", f"+{3 * diff_ms:.2f} ms")]
 
 
 def table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
