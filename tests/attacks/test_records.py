@@ -30,6 +30,10 @@ from maka_eval.local.executor import LocalRun, RunOptions
 from tests.helpers import PLAIN_PROCESSES, make_task, spec
 from tests.local.conftest import Setup
 
+SANDBOX = "the run folder (store)"
+"""Where these attacks run (bench/integrity_attacks.py prints it)."""
+ATTACK_CLASS = "records rewritten"
+
 SEALED = b'{"format":"maka.eval.sealed-attempt.v1","seal":"'
 SEAL_AT = len(SEALED)
 BODY_AT = SEAL_AT + 64 + len(b'","record":')
