@@ -163,9 +163,7 @@ def summarize_arm(
         interval = bootstrap_mean(
             values, resamples=resamples, seed=seed, stream=PASS_STREAMS + stream * 64 + place
         )
-        passes.append(
-            PassAtK(k, interval.estimate if interval else None, len(values), interval)
-        )
+        passes.append(PassAtK(k, interval.estimate if interval else None, len(values), interval))
     first = cells[0] if cells else None
     statuses = list(map(_STATUS, results))
     return ArmSummary(
@@ -176,9 +174,7 @@ def summarize_arm(
         results=len(results),
         completed=statuses.count("completed"),
         subject_failed=statuses.count("subject_failed"),
-        score=cluster_bootstrap_mean(
-            tasks, scores, resamples=resamples, seed=seed, stream=stream
-        ),
+        score=cluster_bootstrap_mean(tasks, scores, resamples=resamples, seed=seed, stream=stream),
         variance=variance_split(tasks, scores) if repetitions > 1 else None,
         binary=all(s in (0.0, 1.0) for s in scores),
         pass_at_k=tuple(passes),

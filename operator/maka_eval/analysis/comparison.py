@@ -77,6 +77,37 @@ def _scores(cells: Sequence[CellObservation]) -> dict[Key, float]:
     return {(c.task_id, c.repetition): c.score for c in cells if c.score is not None}
 
 
+@dataclass(frozen=True)
+class Matched:
+    """Two arms' scores re-paired by (task id, repetition), in the first arm's order."""
+
+    tasks: list[str]
+    """The task of each pair."""
+    first: list[float]
+    second: list[float]
+    first_unmatched: int
+    second_unmatched: int
+
+    @property
+    def differences(self) -> list[float]:
+        return [x - y for x, y in zip(self.first, self.second, strict=True)]
+
+
+def match(
+    first_cells: Sequence[CellObservation], second_cells: Sequence[CellObservation]
+) -> Matched:
+    """Pair two arms' results by (task id, repetition); count what has no partner."""
+    a, b = _scores(first_cells), _scores(second_cells)
+    keys = [key for key in a if key in b]
+    return Matched(
+        [task for task, _ in keys],
+        [a[key] for key in keys],
+        [b[key] for key in keys],
+        len(a) - len(keys),
+        len(b) - len(keys),
+    )
+
+
 def compare(
     first: str,
     first_cells: Sequence[CellObservation],
@@ -89,19 +120,17 @@ def compare(
     stream: int,
 ) -> PairComparison:
     """Pair two arms' results by (task id, repetition) and compare the pairs."""
-    a, b = _scores(first_cells), _scores(second_cells)
-    keys = [key for key in a if key in b]
-    tasks = [task for task, _ in keys]
-    a_scores = [a[key] for key in keys]
-    b_scores = [b[key] for key in keys]
-    differences = [x - y for x, y in zip(a_scores, b_scores, strict=True)]
+    matched = match(first_cells, second_cells)
+    tasks, a_scores, b_scores = matched.tasks, matched.first, matched.second
+    keys = tasks
+    differences = matched.differences
     return PairComparison(
         first=first,
         second=second,
         across_runs=across_runs,
         pairs=len(keys),
-        first_unmatched=len(a) - len(keys),
-        second_unmatched=len(b) - len(keys),
+        first_unmatched=matched.first_unmatched,
+        second_unmatched=matched.second_unmatched,
         first_mean=float(task_means(tasks, a_scores)[0].mean()) if keys else None,
         second_mean=float(task_means(tasks, b_scores)[0].mean()) if keys else None,
         difference=cluster_bootstrap_mean(

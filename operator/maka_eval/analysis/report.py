@@ -31,12 +31,12 @@ from maka_eval.analysis.arms import REASONING_NOTE, ArmSummary, summarize_arm
 from maka_eval.analysis.comparison import PairComparison, compare
 from maka_eval.analysis.losses import ArmLoss, LossWarning, arm_loss, loss_warning
 from maka_eval.analysis.observations import PASS_SCORE, CellObservation, observations
+from maka_eval.analysis.power import ALPHA, POWER
 from maka_eval.analysis.provenance import RunInfo, run_differences, run_info
 from maka_eval.analysis.source import AttemptSource
-from maka_eval.analysis.power import ALPHA, POWER
 from maka_eval.analysis.statistics import CONFIDENCE, DEFAULT_RESAMPLES, Interval, holm
-from maka_eval.analysis.variance import VarianceSplit
 from maka_eval.analysis.summary import RunSummary, summarize_source
+from maka_eval.analysis.variance import VarianceSplit
 from maka_eval.store.attempts import collector_paused
 from maka_eval.store.integrity import SealState
 
@@ -355,7 +355,12 @@ def _arm_json(arm: ArmSummary) -> dict[str, Any]:
         "meanScore": _interval(arm.score),
         "binaryScores": arm.binary,
         "passAtK": [
-            {"k": p.k, "value": _number(p.value), "tasks": p.tasks, "interval": _interval(p.interval)}
+            {
+                "k": p.k,
+                "value": _number(p.value),
+                "tasks": p.tasks,
+                "interval": _interval(p.interval),
+            }
             for p in arm.pass_at_k
         ],
         "variance": _variance_json(arm.variance),
