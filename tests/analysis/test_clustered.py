@@ -57,9 +57,7 @@ def _run(scores: dict[tuple[int, int, str], float], tasks: int, repetitions: int
         subjects=[{"id": s, "kind": "external", "config": {"command": "true"}} for s in subjects],
         repetitions=repetitions,
     )
-    attempts = [
-        attempt(f"t{t}::{r}::{s}", 1, OK, score) for (t, r, s), score in scores.items()
-    ]
+    attempts = [attempt(f"t{t}::{r}::{s}", 1, OK, score) for (t, r, s), score in scores.items()]
     return FakeSource(doc, attempts)
 
 

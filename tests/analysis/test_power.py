@@ -38,9 +38,7 @@ def closed_form(between, within, tasks, reps, alpha=0.05, power=0.8):
     ],
 )
 def test_detectable_difference_is_the_closed_form(between, within, tasks, reps, alpha, power):
-    got = detectable_difference(
-        Components(between, within), tasks, reps, alpha=alpha, power=power
-    )
+    got = detectable_difference(Components(between, within), tasks, reps, alpha=alpha, power=power)
     assert got == pytest.approx(closed_form(between, within, tasks, reps, alpha, power), rel=1e-9)
 
 

@@ -4,7 +4,6 @@ out by hand."""
 from __future__ import annotations
 
 import json
-import math
 
 import pytest
 

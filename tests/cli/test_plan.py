@@ -120,7 +120,7 @@ def test_figures_measured_on_a_run(tmp_path):
     means = [1.0] * 6 + [0.5] * 2 + [0.0] * 4
     within = 1.0 / 12
     between = stats.tvar(means) - within / 2
-    assert f"p − q {between:.4f} {within:.4f}" in text
+    assert f"p \u2212 q {between:.4f} {within:.4f}" in text
     se = math.sqrt((between + within / 4) / 50)
     assert f"{se:.4f} {Z * se:.4f}" in text
     assert f"{math.ceil(Z**2 * (between + within) / 0.04):,}" in text  # 1 repetition

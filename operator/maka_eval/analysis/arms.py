@@ -23,6 +23,7 @@ from maka_eval.analysis.statistics import (
     cluster_bootstrap_mean,
     pass_at_k,
     spread,
+    task_ids,
 )
 from maka_eval.analysis.variance import VarianceSplit, variance_split
 
@@ -148,7 +149,7 @@ def summarize_arm(
     """An arm's figures from its cells (every cell, with or without a result)."""
     results = [c for c in cells if c.score is not None]
     scores = [c.score for c in results if c.score is not None]
-    tasks = list(map(_TASK, results))
+    tasks = task_ids(list(map(_TASK, results)))  # numbered once for every figure below
     per_task: dict[str, list[int]] = defaultdict(lambda: [0, 0])
     for c in results:  # each with a score: `c.passed` is its comparison, inlined
         counts = per_task[c.task_id]

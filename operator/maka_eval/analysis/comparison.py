@@ -24,6 +24,7 @@ from maka_eval.analysis.statistics import (
     ExactTest,
     Interval,
     cluster_bootstrap_mean,
+    task_ids,
     task_means,
     task_paired_test,
 )
@@ -121,8 +122,8 @@ def compare(
 ) -> PairComparison:
     """Pair two arms' results by (task id, repetition) and compare the pairs."""
     matched = match(first_cells, second_cells)
-    tasks, a_scores, b_scores = matched.tasks, matched.first, matched.second
-    keys = tasks
+    a_scores, b_scores, keys = matched.first, matched.second, matched.tasks
+    tasks = task_ids(keys)  # numbered once for every figure below
     differences = matched.differences
     return PairComparison(
         first=first,

@@ -82,24 +82,37 @@ def bootstrap_mean(
     return Interval(float(data.mean()), float(low), float(high), n)
 
 
+TaskIndex = tuple[npt.NDArray[np.intp], int]
+"""Each observation's task as a number (0, 1, ... in order of first appearance), and
+how many tasks there are: made once by `task_ids`, passed to the functions below."""
+
+
+def task_ids(tasks: Sequence[str] | TaskIndex) -> TaskIndex:
+    """Number the tasks (a TaskIndex is returned as it is). Looked up in C: a report
+    numbers 100,000s of cells."""
+    if isinstance(tasks, tuple) and len(tasks) == 2 and isinstance(tasks[0], np.ndarray):
+        return tasks
+    index = {task: i for i, task in enumerate(dict.fromkeys(tasks))}
+    ids = np.fromiter(map(index.__getitem__, tasks), dtype=np.intp, count=len(tasks))
+    return ids, len(index)
+
+
 def task_means(
-    tasks: Sequence[str], values: Sequence[float] | FloatArray
+    tasks: Sequence[str] | TaskIndex, values: Sequence[float] | FloatArray
 ) -> tuple[FloatArray, FloatArray]:
     """Each task's mean of its values, and how many values it has; tasks in order of
     first appearance (so one value per task gives the values back, in order)."""
-    index: dict[str, int] = {}
-    setdefault = index.setdefault
-    ids = np.fromiter((setdefault(t, len(index)) for t in tasks), dtype=np.intp, count=len(tasks))
+    ids, count = task_ids(tasks)
     data = np.asarray(values, dtype=np.float64)
     if data.shape != ids.shape:
         raise ValueError("every value needs its task")
-    sizes = np.bincount(ids, minlength=len(index)).astype(np.float64)
-    sums = np.bincount(ids, weights=data, minlength=len(index))
+    sizes = np.bincount(ids, minlength=count).astype(np.float64)
+    sums = np.bincount(ids, weights=data, minlength=count)
     return sums / np.maximum(sizes, 1.0), sizes
 
 
 def cluster_bootstrap_mean(
-    tasks: Sequence[str],
+    tasks: Sequence[str] | TaskIndex,
     values: Sequence[float] | FloatArray,
     *,
     resamples: int = DEFAULT_RESAMPLES,
@@ -115,7 +128,8 @@ def cluster_bootstrap_mean(
     )
     if interval is None:
         return None
-    return Interval(interval.estimate, interval.low, interval.high, len(values), int(means.size))
+    n = len(task_ids(tasks)[0])
+    return Interval(interval.estimate, interval.low, interval.high, n, int(means.size))
 
 
 def resampled_means(data: FloatArray, *, resamples: int, seed: int, stream: int = 0) -> FloatArray:
@@ -231,28 +245,26 @@ def paired_test(first: Sequence[float], second: Sequence[float]) -> ExactTest:
 
 
 def task_paired_test(
-    tasks: Sequence[str], first: Sequence[float], second: Sequence[float]
+    tasks: Sequence[str] | TaskIndex, first: Sequence[float], second: Sequence[float]
 ) -> ExactTest:
     """The paired test with the task as the unit. One pair per task: `paired_test`
     itself (McNemar's exact test on 0/1 scores). Otherwise each task's repetitions are
     averaged per arm and the sign test counts the tasks where the first arm's mean is
     higher, lower or equal: the repetitions of a task are not independent pairs."""
-    if not len(tasks) == len(first) == len(second):
+    ids, count = task_ids(tasks)
+    if not len(ids) == len(first) == len(second):
         raise ValueError("paired observations must have equal lengths")
-    index: dict[str, int] = {}
-    setdefault = index.setdefault
-    ids = np.fromiter((setdefault(t, len(index)) for t in tasks), dtype=np.intp, count=len(tasks))
-    if len(index) == len(tasks):
+    if count == len(ids):
         return paired_test(first, second)
     # Each task has as many values in both arms: comparing sums compares means.
-    a = np.bincount(ids, weights=np.asarray(first, dtype=np.float64), minlength=len(index))
-    b = np.bincount(ids, weights=np.asarray(second, dtype=np.float64), minlength=len(index))
+    a = np.bincount(ids, weights=np.asarray(first, dtype=np.float64), minlength=count)
+    b = np.bincount(ids, weights=np.asarray(second, dtype=np.float64), minlength=count)
     positive, negative = int((a > b).sum()), int((a < b).sum())
     return ExactTest(
         "sign test over tasks",
         positive,
         negative,
-        len(index) - positive - negative,
+        count - positive - negative,
         binomial_test(positive, positive + negative),
         "tasks",
     )

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from maka_eval.analysis.statistics import FloatArray, task_means
+from maka_eval.analysis.statistics import FloatArray, TaskIndex, task_ids
 
 
 @dataclass(frozen=True)
@@ -72,17 +72,16 @@ class VarianceSplit:
 
 
 def variance_split(
-    tasks: Sequence[str], values: Sequence[float] | FloatArray
+    tasks: Sequence[str] | TaskIndex, values: Sequence[float] | FloatArray
 ) -> VarianceSplit | None:
     """Split the variance of `values` (each with its task); None for no values."""
     data = np.asarray(values, dtype=np.float64)
     n = int(data.size)
     if n == 0:
         return None
-    means, sizes = task_means(tasks, data)
-    g = int(means.size)
-    index: dict[str, int] = {}
-    ids = np.fromiter((index.setdefault(t, len(index)) for t in tasks), dtype=np.intp, count=n)
+    ids, g = task_ids(tasks)
+    sizes = np.bincount(ids, minlength=g).astype(np.float64)
+    means = np.bincount(ids, weights=data, minlength=g) / sizes
     residual = data - means[ids]
     within_df = float(n - g)
     within = float(np.square(residual).sum() / within_df) if within_df > 0 else None
