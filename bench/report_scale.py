@@ -20,7 +20,9 @@ in quarters; gamma's cost is unknown on a tenth of its attempts.
 
 The report is then built in a fresh process (so its peak memory is its own), through
 `RunDirectorySource` (the store's reader, `read_run`), `summarize_source`, and
-`build_report` with the default 10,000 bootstrap resamples, and written: summary.json
+`build_report` with the default 10,000 bootstrap resamples (each interval resamples
+the 2,000 tasks: the arms' mean scores, the pairs' differences, and pass@k for k = 1, 2,
+5, 10 and 15 of each arm), and written: summary.json
 and cells.csv, then report.html with its four plots, timed separately. Printed: wall
 time per phase, the total with and without the page, and peak memory (ru_maxrss), of
 the report's process and of the reader's helper process (a large run is read by two).
@@ -318,7 +320,7 @@ def main() -> None:
         print(row("summarize (selection, cell states)", "summarize"))
         arms_pairs = f"{int(f['arms'])}+{int(f['pairs'])}"
         print(
-            row(f"analyse (bootstrap 10,000 x {arms_pairs}), write", "analyse_write")
+            row(f"analyse (bootstrap 10,000 x {arms_pairs} + pass@k), write", "analyse_write")
             + f" + {f['write_child_cpu']:.2f} s CPU in 2 children"
         )
         print(

@@ -50,7 +50,8 @@ def test_per_arm_figures_by_hand(report):
     arms = {a.arm: a for a in report.arms}
     x, y = arms["x"], arms["y"]
     assert (x.results, x.cells, x.completed, x.subject_failed) == (3, 4, 3, 0)
-    assert x.score.estimate == pytest.approx(2 / 3) and x.score.n == 3
+    # The task is the unit: x's task a (1.0, 1.0) and task b (0.0) weigh the same.
+    assert x.score.estimate == pytest.approx(0.5) and (x.score.n, x.score.tasks) == (3, 2)
     assert x.score.low <= x.score.estimate <= x.score.high
     assert y.score.estimate == pytest.approx(0.625) and not y.binary and x.binary
     # pass@k (a result passes at 1.0): x: task a 2/2, task b 0/1; y: a 0/2, b 1/2.
@@ -83,16 +84,30 @@ def test_pairs_discard_unmatched_observations_and_count_them(report):
     pairs = {(p.first, p.second): p for p in report.pairs}
     assert list(pairs) == [("x", "y"), ("x", "z"), ("y", "z")]
     xy, xz, yz = pairs["x", "y"], pairs["x", "z"], pairs["y", "z"]
-    # x - y over a::1, b::1, a::2: 0.5, -1.0, 0.75 (y's b::2 has no partner).
+    # x - y over a::1, b::1, a::2: 0.5, -1.0, 0.75 (y's b::2 has no partner). The task
+    # is the unit: task a's mean difference 0.625, task b's -1.0; their mean -0.1875.
     assert (xy.pairs, xy.first_unmatched, xy.second_unmatched) == (3, 0, 1)
-    assert xy.difference.estimate == pytest.approx(0.25 / 3)
-    assert xy.test.name == "sign test" and (xy.test.positive, xy.test.negative) == (2, 1)
-    assert xy.test.p_value == pytest.approx(stats.binomtest(2, 3).pvalue)
-    # x - z over a::1, a::2 (x's b::1 and z's b::2 are unmatched); both arms are 0/1 there.
+    assert xy.difference.estimate == pytest.approx(-0.1875)
+    assert (xy.difference.n, xy.difference.tasks) == (3, 2)
+    # x's mean is over the same pairs, task by task: (1.0 + 0.0) / 2.
+    assert xy.first_mean == pytest.approx(0.5) and xy.second_mean == pytest.approx(0.6875)
+    # The test counts tasks: x higher on a (2.0 vs 0.75 over its two pairs), y on b.
+    assert xy.test.name == "sign test over tasks" and xy.test.unit == "tasks"
+    assert (xy.test.positive, xy.test.negative, xy.test.ties) == (1, 1, 0)
+    assert xy.test.p_value == pytest.approx(stats.binomtest(1, 2).pvalue)
+    # x - z over a::1, a::2 (x's b::1 and z's b::2 are unmatched): one task, two pairs
+    # (1 - 0 and 1 - 1), so one task where x is higher.
     assert (xz.pairs, xz.first_unmatched, xz.second_unmatched) == (2, 1, 1)
     assert xz.difference.estimate == pytest.approx(0.5) and xz.first_mean == 1.0
-    assert xz.test.name == "McNemar exact" and (xz.test.positive, xz.test.ties) == (1, 1)
-    assert yz.difference.estimate == pytest.approx(0.0) and yz.pairs == 3
+    assert xz.difference.tasks == 1 and xz.difference.low == xz.difference.high == 0.5
+    assert xz.test.name == "sign test over tasks" and (xz.test.positive, xz.test.ties) == (1, 0)
+    # y - z: task a 0.5 and -0.75 (mean -0.125), task b 0.25: mean 0.0625.
+    assert yz.difference.estimate == pytest.approx(0.0625) and yz.pairs == 3
+    # Three comparisons: Holm multiplies the smallest p by 3, the next by 2, the last by 1.
+    ps = sorted((p.test.p_value, p.p_holm) for p in report.pairs)
+    assert [h for _, h in ps] == pytest.approx(
+        [min(1, 3 * ps[0][0]), max(min(1, 3 * ps[0][0]), min(1, 2 * ps[1][0])), 1.0]
+    )
     assert not any(p.across_runs for p in report.pairs)
 
 

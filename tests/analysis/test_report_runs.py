@@ -98,14 +98,16 @@ def test_report_on_a_complete_run(hello, tmp_path):
     assert "complete" in text and "PARTIAL" not in text
     for heading in ("Arms", "Tokens per result", "Paired comparisons", "Infrastructure losses"):
         assert heading in text
-    assert "McNemar exact" in text and "not reported" in text
+    assert "sign test over tasks" in text and "not reported" in text
     data = summary_of(out)
     arms = {a["arm"]: a for a in data["arms"]}
     assert arms["oracle"]["meanScore"]["estimate"] == 1.0
     assert arms["noop"]["meanScore"]["estimate"] == 0.0
     assert arms["scripted"]["meanScore"]["estimate"] == 0.5
     low, high = arms["scripted"]["meanScore"]["low"], arms["scripted"]["meanScore"]["high"]
-    assert 0 < low < 0.5 < high < 1
+    # Two of four tasks solved, in both repetitions: resampling tasks draws no solved
+    # task (or only solved ones) one time in 16, so the honest interval spans [0, 1].
+    assert (low, high) == (0.0, 1.0)
     # The scripted agent solves fix-greeting and sum-numbers in both repetitions.
     assert [(p["k"], p["value"]) for p in arms["scripted"]["passAtK"]] == [(1, 0.5), (2, 0.5)]
     assert arms["scripted"]["cost"]["resultsWithCost"] == 8
@@ -119,9 +121,16 @@ def test_report_on_a_complete_run(hello, tmp_path):
     pairs = {(p["first"], p["second"]): p for p in data["pairs"]}
     oracle_noop = pairs["oracle", "noop"]
     assert oracle_noop["pairs"] == 8 and oracle_noop["difference"]["estimate"] == 1.0
-    assert oracle_noop["test"]["name"] == "McNemar exact"
-    assert oracle_noop["test"]["pValue"] == pytest.approx(2 / 2**8)
-    assert pairs["oracle", "scripted"]["test"]["pValue"] == pytest.approx(2 / 2**4)
+    assert oracle_noop["difference"]["tasks"] == 4
+    # Two repetitions of four tasks: the task is the unit, so the test counts 4 tasks
+    # where the oracle is higher (p = 2/2^4), not 8 independent pairs (2/2^8).
+    assert oracle_noop["test"]["name"] == "sign test over tasks"
+    assert oracle_noop["test"]["counts"] == "tasks" and oracle_noop["test"]["firstHigher"] == 4
+    assert oracle_noop["test"]["pValue"] == pytest.approx(2 / 2**4)
+    assert pairs["oracle", "scripted"]["test"]["pValue"] == pytest.approx(2 / 2**2)
+    # Three comparisons: Holm's adjustment is given next to each p-value.
+    assert oracle_noop["test"]["pValueHolm"] == pytest.approx(3 * 2 / 2**4)
+    assert data["method"]["unit"].startswith("task")
     assert data["partial"] is False and data["warnings"] == []
     assert all(loss["withoutResult"] == 0 for loss in data["losses"])
     rows = list(csv.DictReader(io.StringIO((out / "cells.csv").read_text())))

@@ -4,7 +4,6 @@ out by hand."""
 from __future__ import annotations
 
 import json
-import math
 
 import pytest
 
@@ -91,16 +90,21 @@ def test_each_cell_keeps_its_earliest_valid_attempt(source):
 def test_subject_means_and_sem_by_hand(source):
     subjects = {s.subject_id: s for s in summarize_source(source).subjects}
     x, y, z = subjects["x"], subjects["y"], subjects["z"]
-    # x: 1.0, 0.0, 1.0 -> mean 2/3; sample sd sqrt(1/3); sem sqrt(1/3)/sqrt(3) = 1/3.
+    # Standard errors are clustered by task (Liang-Zeger, factor G/(G-1) = 2 for two
+    # tasks): sqrt(2 * sum over tasks of (sum of its residuals)^2) / n.
+    # x: a 1.0, b 0.0, a 1.0 -> mean 2/3; residual sums a 2/3, b -2/3 -> sqrt(16/9) / 3.
     assert (x.results, x.cells, x.without_result) == (3, 4, 1)
-    assert x.mean_score == pytest.approx(2 / 3) and x.sem == pytest.approx(1 / 3)
+    assert x.mean_score == pytest.approx(2 / 3) and x.sem == pytest.approx(4 / 9)
     assert (x.completed, x.subject_failed) == (3, 0)
-    # y: 0.5, 1.0, 0.25, 0.75 -> mean 0.625; sd sqrt(0.3125/3); sem that / 2.
+    # y: a 0.5, b 1.0, a 0.25, b 0.75 -> mean 0.625; sums a -0.5, b 0.5 -> sqrt(1) / 4.
     assert y.mean_score == pytest.approx(0.625)
-    assert y.sem == pytest.approx(math.sqrt(0.3125 / 3) / 2)
+    assert y.sem == pytest.approx(0.25)
     assert (y.completed, y.subject_failed) == (3, 1)
-    # z: 0.0, 1.0, 0.5 -> mean 0.5; sd 0.5; sem 0.5 / sqrt(3).
-    assert z.mean_score == pytest.approx(0.5) and z.sem == pytest.approx(0.5 / math.sqrt(3))
+    # z: a 0.0, a 1.0, b 0.5 -> mean 0.5; sums a 0, b 0: two tasks with the same mean.
+    assert z.mean_score == pytest.approx(0.5) and z.sem == pytest.approx(0.0)
+    # Counted as independent cells x's error would be 1/3 (sample sd sqrt(1/3) / sqrt(3)).
+    assert mean_and_sem([1.0, 0.0, 1.0]).sem == pytest.approx(1 / 3)
+    assert mean_and_sem([1.0, 0.0, 1.0], ["a", "b", "c"]).sem == pytest.approx(1 / 3)
     assert x.mean_duration_sec == pytest.approx((2.0 + 4.0 + 3.0) / 3)
 
 
@@ -112,13 +116,14 @@ def test_paired_means_use_only_groups_where_every_subject_has_a_result(source):
     assert subjects["y"].paired_mean_score == pytest.approx(0.375)
     assert subjects["z"].paired_mean_score == pytest.approx(0.5)
     # Differences against the first subject, per complete group:
-    # y - x: -0.5, -0.75 -> mean -0.625, sd 0.25/sqrt(2), sem 0.125.
-    # z - x: -1.0, 0.0   -> mean -0.5,   sd sqrt(0.5),    sem 0.5.
+    # y - x: -0.5, -0.75 -> mean -0.625; z - x: -1.0, 0.0 -> mean -0.5. Both groups are
+    # task a: one task, so no standard error (counted as two independent pairs it
+    # would have claimed 0.125 and 0.5).
     assert subjects["x"].paired_difference is None
     dy, dz = subjects["y"].paired_difference, subjects["z"].paired_difference
     assert (dy.baseline, dy.n) == ("x", 2)
-    assert dy.mean == pytest.approx(-0.625) and dy.sem == pytest.approx(0.125)
-    assert dz.mean == pytest.approx(-0.5) and dz.sem == pytest.approx(0.5)
+    assert dy.mean == pytest.approx(-0.625) and dy.sem is None
+    assert dz.mean == pytest.approx(-0.5) and dz.sem is None
 
 
 def test_pairing_functions_directly():
@@ -174,7 +179,7 @@ def test_json_says_null_for_unreported_totals_and_names_the_sem(source):
     subjects = {s["subject"]: s for s in data["subjects"]}
     assert subjects["y"]["tokens"] is None and subjects["y"]["costUsd"] is None
     assert subjects["x"]["tokens"] == 300
-    assert subjects["x"]["sem"] == pytest.approx(1 / 3) and "stderr" not in subjects["x"]
+    assert subjects["x"]["sem"] == pytest.approx(4 / 9) and "stderr" not in subjects["x"]
     assert subjects["y"]["pairedDifference"]["baseline"] == "x"
     assert data["budget"]["spentTokens"] == 1820
 

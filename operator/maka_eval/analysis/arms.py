@@ -1,8 +1,11 @@
-"""Per-arm figures: score with its bootstrap interval, pass@k, tokens, cost, duration.
+"""Per-arm figures: score with its interval, pass@k, the variance split, tokens, cost,
+duration.
 
-Each arm's figures are over its own cells with a selected result. Because loss is not
-random, these unpaired means are descriptive only: arms are compared in
-`analysis.comparison`, on re-paired observations.
+Each arm's figures are over its own cells with a selected result. The task is the unit:
+the mean score is the mean over tasks of each task's mean over its repetitions, and its
+interval (and pass@k's) comes from resampling whole tasks (`cluster_bootstrap_mean`).
+Because loss is not random, these unpaired means are descriptive only: arms are
+compared in `analysis.comparison`, on re-paired observations.
 """
 
 from __future__ import annotations
@@ -13,7 +16,16 @@ from dataclasses import dataclass
 from operator import attrgetter
 
 from maka_eval.analysis.observations import PASS_SCORE, CellObservation
-from maka_eval.analysis.statistics import Interval, Spread, bootstrap_mean, mean_pass_at_k, spread
+from maka_eval.analysis.statistics import (
+    Interval,
+    Spread,
+    bootstrap_mean,
+    cluster_bootstrap_mean,
+    pass_at_k,
+    spread,
+    task_ids,
+)
+from maka_eval.analysis.variance import VarianceSplit, variance_split
 
 TOKEN_KINDS = (
     ("input", "input_tokens"),
@@ -27,6 +39,7 @@ REASONING_NOTE = "not reported (the normalized usage carries no reasoning count)
 
 # Columns of the observations, read in C (an arm has 10,000s of cells).
 _STATUS = attrgetter("status")
+_TASK = attrgetter("task_id")
 _ATTEMPTS = attrgetter("attempts")
 _ALL_ATTEMPTS_COST = attrgetter("all_attempts_cost_usd")
 _ALL_ATTEMPTS_UNKNOWN = attrgetter("all_attempts_cost_unknown")
@@ -82,6 +95,8 @@ class PassAtK:
     k: int
     value: float | None
     tasks: int
+    interval: Interval | None = None
+    """The mean over tasks with its 95% interval from resampling tasks."""
 
 
 @dataclass(frozen=True)
@@ -96,7 +111,10 @@ class ArmSummary:
     completed: int
     subject_failed: int
     score: Interval | None
-    """Mean score over the results, with its bootstrap 95% interval."""
+    """Mean over tasks of each task's mean score, with its 95% interval from resampling
+    tasks (with one repetition: the mean over the results, resampling results)."""
+    variance: VarianceSplit | None
+    """How the scores vary between tasks and within a task."""
     binary: bool
     """Every score is 0 or 1."""
     pass_at_k: tuple[PassAtK, ...]
@@ -114,6 +132,11 @@ def pass_ks(repetitions: int) -> tuple[int, ...]:
     return tuple(sorted(round_numbers | {repetitions}))
 
 
+PASS_STREAMS = 1_000_000
+"""pass@k intervals draw from streams above this (an arm's stream times 64, plus the
+k's place), so adding them left every other interval's random numbers as they were."""
+
+
 def summarize_arm(
     arm: str,
     cells: Sequence[CellObservation],
@@ -126,6 +149,7 @@ def summarize_arm(
     """An arm's figures from its cells (every cell, with or without a result)."""
     results = [c for c in cells if c.score is not None]
     scores = [c.score for c in results if c.score is not None]
+    tasks = task_ids(list(map(_TASK, results)))  # numbered once for every figure below
     per_task: dict[str, list[int]] = defaultdict(lambda: [0, 0])
     for c in results:  # each with a score: `c.passed` is its comparison, inlined
         counts = per_task[c.task_id]
@@ -133,9 +157,14 @@ def summarize_arm(
         counts[1] += 1 if c.score >= PASS_SCORE else 0  # type: ignore[operator]
     samples = [(n, passed) for n, passed in per_task.values()]
     passes = []
-    for k in pass_ks(repetitions):
-        value, tasks = mean_pass_at_k(samples, k)
-        passes.append(PassAtK(k, value, tasks))
+    for place, k in enumerate(pass_ks(repetitions)):
+        # Tasks share few (n, c) pairs (n is mostly the repetition count): each once.
+        distinct = {sample: pass_at_k(*sample, k) for sample in set(samples) if sample[0] >= k}
+        values = [distinct[sample] for sample in samples if sample[0] >= k]
+        interval = bootstrap_mean(
+            values, resamples=resamples, seed=seed, stream=PASS_STREAMS + stream * 64 + place
+        )
+        passes.append(PassAtK(k, interval.estimate if interval else None, len(values), interval))
     first = cells[0] if cells else None
     statuses = list(map(_STATUS, results))
     return ArmSummary(
@@ -146,7 +175,8 @@ def summarize_arm(
         results=len(results),
         completed=statuses.count("completed"),
         subject_failed=statuses.count("subject_failed"),
-        score=bootstrap_mean(scores, resamples=resamples, seed=seed, stream=stream),
+        score=cluster_bootstrap_mean(tasks, scores, resamples=resamples, seed=seed, stream=stream),
+        variance=variance_split(tasks, scores) if repetitions > 1 else None,
         binary=all(s in (0.0, 1.0) for s in scores),
         pass_at_k=tuple(passes),
         tokens=_tokens(results),

@@ -22,9 +22,11 @@ from maka_eval.analysis.plots import (
     duration_plot,
     score_plot,
 )
+from maka_eval.analysis.power import ALPHA, POWER
 from maka_eval.analysis.provenance import RunInfo
 from maka_eval.analysis.report import Report, failures_json
 from maka_eval.analysis.statistics import CONFIDENCE, Interval
+from maka_eval.analysis.variance import VarianceSplit
 from maka_eval.printable import visible
 from maka_eval.store.attempts import collector_paused
 from maka_eval.store.integrity import SealState
@@ -245,6 +247,7 @@ def _arms_section(report: Report, colors: dict[str, str]) -> str:
     head = [
         "arm",
         "results / cells",
+        "tasks",
         "completed / failed",
         f"mean score [{CONFIDENCE:.0%} CI]",
         *[f"pass@{k}" for k in ks],
@@ -262,9 +265,10 @@ def _arms_section(report: Report, colors: dict[str, str]) -> str:
             [
                 _arm_cell(arm.arm, colors),
                 f"{arm.results:,} / {arm.cells:,}",
+                _int(arm.score.tasks if arm.score else None),
                 f"{arm.completed:,} / {arm.subject_failed:,}",
                 _interval(arm.score),
-                *[_fmt(passes[k].value) if k in passes else "&ndash;" for k in ks],
+                *[_interval(passes[k].interval) if k in passes else "&ndash;" for k in ks],
                 _int(None if arm.tokens.mean_total is None else round(arm.tokens.mean_total)),
                 lower + _usd(arm.cost.total_usd),
                 _usd(arm.cost.mean_usd),
@@ -273,10 +277,12 @@ def _arms_section(report: Report, colors: dict[str, str]) -> str:
         )
     note = (
         "Per arm, over its own cells with a result (each cell's earliest valid attempt). "
+        "The task is the unit: the mean score is the mean over tasks of each task's mean "
+        "over its repetitions, and its interval resamples whole tasks. "
         "Loss is not random, so compare arms with the paired table below, not with these "
-        "means. pass@k: Chen et al.'s unbiased estimator, a result passes at full marks, "
-        "over tasks with at least k results. ≥: some results have no known cost, so the "
-        "total is a lower bound."
+        "means. pass@k: Chen et al.'s unbiased estimator per task, averaged over tasks "
+        "with at least k results (interval: resampling tasks); a result passes at full "
+        "marks. ≥: some results have no known cost, so the total is a lower bound."
     )
     return (
         f"<section id='arms'><h2>Arms</h2>{_table(head, rows)}"
@@ -290,10 +296,12 @@ def _pairs_section(report: Report) -> str:
             "<section id='pairs'><h2>Paired comparisons</h2>"
             "<p class='note'>One arm: nothing to compare.</p></section>"
         )
+    tested = sum(pair.test is not None for pair in report.pairs)
     head = [
         "first &minus; second",
         "design",
         "pairs",
+        "tasks",
         "discarded (first / second)",
         "mean first",
         "mean second",
@@ -301,34 +309,125 @@ def _pairs_section(report: Report) -> str:
         "test",
         "first higher / second higher / tied",
         "p",
+        *(["p (Holm)"] if tested > 1 else []),
     ]
     rows = []
     for pair in report.pairs:
         test = pair.test
+        holm = [_p(pair.p_holm) if pair.p_holm is not None else "&ndash;"] if tested > 1 else []
         rows.append(
             [
                 f"{escape(pair.first)} &minus; {escape(pair.second)}",
                 "across runs" if pair.across_runs else "paired",
                 f"{pair.pairs:,}",
+                _int(pair.difference.tasks if pair.difference else None),
                 f"{pair.first_unmatched:,} / {pair.second_unmatched:,}",
                 _fmt(pair.first_mean),
                 _fmt(pair.second_mean),
                 _interval(pair.difference),
                 escape(test.name) if test else "&ndash;",
-                f"{test.positive:,} / {test.negative:,} / {test.ties:,}" if test else "&ndash;",
+                f"{test.positive:,} / {test.negative:,} / {test.ties:,} {test.unit}"
+                if test
+                else "&ndash;",
                 _p(test.p_value) if test else "&ndash;",
+                *holm,
             ]
         )
+    holm_note = (
+        f" p (Holm): each p-value adjusted by Holm's step-down method over the {tested} "
+        "comparisons of this report, so that the chance of any false 'significant' stays "
+        "at 0.05; p: unadjusted."
+        if tested > 1
+        else ""
+    )
     note = (
         "Paired by task id and repetition; a result whose partner has none is discarded "
-        "and counted. Difference: mean of (first &minus; second) over the pairs, percentile "
-        f"bootstrap over pairs ({report.resamples:,} resamples, seed {report.seed}). Test: "
-        "McNemar's exact test (two-sided binomial on the discordant pairs) when every score "
-        "is 0 or 1, else the two-sided sign test on the nonzero differences. Repetitions of "
-        "one task are treated as independent pairs."
+        "and counted. The task is the unit: repetitions of one task are not independent "
+        "pairs (a task neither arm solves fails together every time), so each task's "
+        "differences are averaged. Difference: mean over tasks of (first &minus; second), "
+        f"percentile bootstrap over tasks ({report.resamples:,} resamples, seed "
+        f"{report.seed}). Test: with one pair per task, McNemar's exact test (two-sided "
+        "binomial on the discordant pairs) when every score is 0 or 1, else the two-sided "
+        "sign test on the nonzero differences; with repetitions, the sign test on the "
+        f"tasks' mean differences (it counts tasks).{holm_note}"
     )
     return (
         f"<section id='pairs'><h2>Paired comparisons</h2>{_table(head, rows, 2)}"
+        f"<p class='note'>{note}</p></section>"
+    )
+
+
+def _se(value: float | None) -> str:
+    return _fmt(value, 4)
+
+
+def _variance_row(name: str, v: VarianceSplit, detectable: Sequence[float | None]) -> list[str]:
+    more_reps = v.standard_error(v.tasks, 2 * v.repetitions) if v.within is not None else None
+    share = v.within_share
+    return [
+        name,
+        f"{v.tasks:,}",
+        f"{v.repetitions:.3g}",
+        _se(v.between),
+        _se(v.within),
+        "&ndash;" if share is None else f"{share:.0%}",
+        _fmt(v.design_effect, 2),
+        f"{_se(v.clustered_se)} / {_se(more_reps)} / "
+        f"{_se(v.standard_error(2 * v.tasks, v.repetitions))}",
+        " / ".join(_se(d) for d in detectable) if detectable else "&ndash;",
+    ]
+
+
+def _variance_section(report: Report, colors: dict[str, str]) -> str:
+    """Where the variance lies, what more repetitions or tasks would buy, and power."""
+    rows = [
+        _variance_row(_arm_cell(arm.arm, colors), arm.variance, ())
+        for arm in report.arms
+        if arm.variance is not None
+    ]
+    for pair in report.pairs:
+        v = pair.variance
+        if v is None or v.tasks < 2:
+            continue
+        designs = [(v.tasks, v.repetitions)]
+        if v.within is not None:
+            designs.append((v.tasks, 2 * v.repetitions))
+        designs.append((2 * v.tasks, v.repetitions))
+        rows.append(
+            _variance_row(
+                f"{escape(pair.first)} &minus; {escape(pair.second)}",
+                v,
+                [pair.detectable(tasks, reps) for tasks, reps in designs],
+            )
+        )
+    if not rows:
+        return ""
+    head = [
+        "arm, or pair (difference)",
+        "tasks",
+        "repetitions",
+        "between tasks",
+        "within a task",
+        "within share",
+        "design effect",
+        "standard error: now / 2&times; repetitions / 2&times; tasks",
+        f"detectable difference ({POWER:.0%} power, &alpha; {ALPHA:g}): now / "
+        "2&times; repetitions / 2&times; tasks",
+    ]
+    note = (
+        "A score varies because tasks differ (between) and because one task's attempts "
+        "differ (within, the variance of one repetition around its task's mean; pooled "
+        "over tasks). The mean over tasks has the variance (between + within / "
+        "repetitions) / tasks: repetitions shrink only the within part, more tasks shrink "
+        "both. Design effect: the honest variance over the one that treats every "
+        "repetition as independent. Detectable difference: the smallest true difference "
+        f"found at {POWER:.0%} power by a two-sided test at {ALPHA:g}, (z<sub>0.975</sub> + "
+        "z<sub>0.8</sub>) times the standard error, at this run's measured variance. "
+        "Plan a run with <code>maka-eval plan</code>. With one repetition the within part "
+        "cannot be told apart (it is counted in between)."
+    )
+    return (
+        f"<section id='variance'><h2>Variance and power</h2>{_table(head, rows)}"
         f"<p class='note'>{note}</p></section>"
     )
 
@@ -582,6 +681,7 @@ def _page(report: Report, plots: Mapping[str, str]) -> str:
         _arms_section(report, colors),
         _plots_section(report, colors, plots),
         _pairs_section(report),
+        _variance_section(report, colors),
         _losses_section(report, colors),
         _tokens_section(report, colors),
         _cost_section(report, colors),
@@ -589,8 +689,9 @@ def _page(report: Report, plots: Mapping[str, str]) -> str:
         _missing_section(report),
         (
             f"<footer>Generated {report.generated_at.strftime('%Y-%m-%d %H:%M UTC')} by "
-            f"maka-eval {escape(__version__)} · bootstrap {report.resamples:,} resamples, seed "
-            f"{report.seed} · cells.csv and summary.json are next to this page.</footer>"
+            f"maka-eval {escape(__version__)} · unit: the task · bootstrap over tasks, "
+            f"{report.resamples:,} resamples, seed {report.seed} · cells.csv and "
+            "summary.json are next to this page.</footer>"
         ),
     ]
     return (

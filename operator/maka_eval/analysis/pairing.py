@@ -3,6 +3,10 @@
 Attempt loss is not random (long, chatty runs die more often), so each subject's mean
 over its own surviving cells compares different task mixes. The paired view keeps a
 task group (task x repetition) only when every subject has a selected result in it.
+
+Standard errors are clustered by task: the repetitions of one task are not independent
+(a task an agent cannot solve fails every time), so the error of a mean is the
+cluster-robust one, which with one repetition is the usual standard error.
 """
 
 from __future__ import annotations
@@ -24,14 +28,26 @@ class MeanAndSem:
     sem: float | None
 
 
-def mean_and_sem(values: list[float]) -> MeanAndSem:
-    """Mean and standard error of the mean (sample standard deviation / sqrt(n))."""
+def mean_and_sem(values: list[float], tasks: list[str] | None = None) -> MeanAndSem:
+    """Mean and standard error of the mean, clustered by `tasks` when given: the
+    cluster-robust (Liang-Zeger, with the G/(G-1) factor) error, sqrt(G/(G-1) * sum over
+    tasks of (sum of the task's residuals)^2) / n, None below two tasks. Without tasks,
+    or one value per task, it is the sample standard deviation / sqrt(n)."""
     if not values:
         return MeanAndSem(0, None, None)
     mean = statistics.fmean(values)
-    if len(values) < 2:
-        return MeanAndSem(1, mean, None)
-    return MeanAndSem(len(values), mean, statistics.stdev(values) / math.sqrt(len(values)))
+    n = len(values)
+    if tasks is None or len(set(tasks)) == n:
+        if n < 2:
+            return MeanAndSem(1, mean, None)
+        return MeanAndSem(n, mean, statistics.stdev(values) / math.sqrt(n))
+    sums: dict[str, float] = {}
+    for value, task in zip(values, tasks, strict=True):
+        sums[task] = sums.get(task, 0.0) + (value - mean)
+    g = len(sums)
+    if g < 2:
+        return MeanAndSem(n, mean, None)
+    return MeanAndSem(n, mean, math.sqrt(g / (g - 1) * sum(x * x for x in sums.values())) / n)
 
 
 def complete_groups(
@@ -58,9 +74,18 @@ def paired_scores(
     return paired
 
 
+def paired_tasks(expansion: Expansion, scores: Mapping[str, float | None]) -> list[str]:
+    """The task of each complete group, in the order of `paired_scores`."""
+    return [group.task_id for group in complete_groups(expansion, scores)]
+
+
 def paired_difference(
     expansion: Expansion, scores: Mapping[str, float | None], subject: str, baseline: str
 ) -> MeanAndSem:
-    """Mean of (subject - baseline) per complete group, with its standard error."""
+    """Mean of (subject - baseline) per complete group, with its standard error
+    clustered by task."""
     paired = paired_scores(expansion, scores)
-    return mean_and_sem([a - b for a, b in zip(paired[subject], paired[baseline], strict=True)])
+    return mean_and_sem(
+        [a - b for a, b in zip(paired[subject], paired[baseline], strict=True)],
+        paired_tasks(expansion, scores),
+    )

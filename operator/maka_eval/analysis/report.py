@@ -21,7 +21,7 @@ import os
 import sys
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -31,10 +31,12 @@ from maka_eval.analysis.arms import REASONING_NOTE, ArmSummary, summarize_arm
 from maka_eval.analysis.comparison import PairComparison, compare
 from maka_eval.analysis.losses import ArmLoss, LossWarning, arm_loss, loss_warning
 from maka_eval.analysis.observations import PASS_SCORE, CellObservation, observations
+from maka_eval.analysis.power import ALPHA, POWER
 from maka_eval.analysis.provenance import RunInfo, run_differences, run_info
 from maka_eval.analysis.source import AttemptSource
-from maka_eval.analysis.statistics import CONFIDENCE, DEFAULT_RESAMPLES, Interval
+from maka_eval.analysis.statistics import CONFIDENCE, DEFAULT_RESAMPLES, Interval, holm
 from maka_eval.analysis.summary import RunSummary, summarize_source
+from maka_eval.analysis.variance import VarianceSplit
 from maka_eval.store.attempts import collector_paused
 from maka_eval.store.integrity import SealState
 
@@ -238,6 +240,7 @@ def _analysed(
                     stream=next(stream),
                 )
             )
+    pairs = _holm_adjusted(pairs)
     losses = tuple(arm_loss(arm, by_arm[arm]) for arm in arm_order)
     loss_by_arm = {loss.arm: loss for loss in losses}
     warnings = [
@@ -258,6 +261,42 @@ def _analysed(
     )
 
 
+def _holm_adjusted(pairs: list[PairComparison]) -> list[PairComparison]:
+    """Every tested pair with its p-value adjusted by Holm over the report's tests."""
+    tested = [i for i, pair in enumerate(pairs) if pair.test is not None]
+    adjusted = holm([pairs[i].test.p_value for i in tested])  # type: ignore[union-attr]
+    out = list(pairs)
+    for i, p_holm in zip(tested, adjusted, strict=True):
+        out[i] = replace(pairs[i], p_holm=p_holm)
+    return out
+
+
+METHOD = {
+    "unit": "task: each task's repetitions are averaged first, and every interval and "
+    "test treats tasks, not cells, as the independent observations",
+    "confidence": CONFIDENCE,
+    "bootstrap": "percentile cluster bootstrap over tasks (whole tasks drawn with "
+    "replacement; the statistic is the mean of the task means), seeded",
+    "passAtK": f"Chen et al. 2021 unbiased estimator per task, averaged over tasks, "
+    f"its interval by the same bootstrap over tasks; a result passes at score >= "
+    f"{PASS_SCORE:g}; tasks with fewer than k results are left out",
+    "pairing": "by task id and repetition; unmatched observations discarded",
+    "test": "McNemar exact (two-sided binomial on discordant pairs) when every score "
+    "is 0 or 1 and each task has one pair, else the two-sided sign test: on nonzero "
+    "differences with one pair per task, on the tasks' mean differences otherwise",
+    "multipleComparisons": "Holm's step-down adjustment over every comparison of the "
+    "report (pValueHolm); pValue is unadjusted",
+    "variance": "method of moments: within = pooled variance of repetitions around "
+    "their task's mean; between = variance of the task means less within times the "
+    "mean of 1/repetitions (at least 0)",
+    "power": f"normal approximation: a difference is detectable at {POWER:.0%} power and "
+    f"two-sided alpha {ALPHA:g} when it is (z(1-alpha/2) + z(power)) times the standard "
+    "error sqrt((between + within / repetitions) / tasks)",
+    "lossWarning": "whenever two compared arms lose different shares of their "
+    "started cells; Fisher exact p reported",
+}
+
+
 # -- summary.json ---------------------------------------------------------------------
 
 
@@ -275,6 +314,32 @@ def _interval(interval: Interval | None) -> dict[str, Any] | None:
         "low": _number(interval.low),
         "high": _number(interval.high),
         "n": interval.n,
+        "tasks": interval.tasks,
+    }
+
+
+def _variance_json(split: VarianceSplit | None) -> dict[str, Any] | None:
+    if split is None:
+        return None
+    more_reps = split.standard_error(split.tasks, 2 * split.repetitions)
+    more_tasks = split.standard_error(2 * split.tasks, split.repetitions)
+    return {
+        "tasks": split.tasks,
+        "observations": split.observations,
+        "repetitionsPerTask": _number(split.repetitions, 3),
+        "between": _number(split.between),
+        "within": _number(split.within),
+        "withinShare": _number(split.within_share, 4),
+        "clusteredStandardError": _number(split.clustered_se),
+        "naiveStandardError": _number(split.naive_se),
+        "designEffect": _number(split.design_effect, 4),
+        "standardErrorWith": {
+            "twiceTheRepetitions": _number(more_reps) if split.within is not None else None,
+            "twiceTheTasks": _number(more_tasks),
+            "endlessRepetitions": _number(split.standard_error(split.tasks, math.inf))
+            if split.within is not None
+            else None,
+        },
     }
 
 
@@ -289,7 +354,16 @@ def _arm_json(arm: ArmSummary) -> dict[str, Any]:
         "subjectFailed": arm.subject_failed,
         "meanScore": _interval(arm.score),
         "binaryScores": arm.binary,
-        "passAtK": [{"k": p.k, "value": _number(p.value), "tasks": p.tasks} for p in arm.pass_at_k],
+        "passAtK": [
+            {
+                "k": p.k,
+                "value": _number(p.value),
+                "tasks": p.tasks,
+                "interval": _interval(p.interval),
+            }
+            for p in arm.pass_at_k
+        ],
+        "variance": _variance_json(arm.variance),
         "tokens": {
             "resultsReporting": arm.tokens.reported,
             "resultsNotReporting": arm.tokens.unreported,
@@ -357,8 +431,28 @@ def _pair_json(pair: PairComparison) -> dict[str, Any]:
             "firstHigher": test.positive,
             "secondHigher": test.negative,
             "ties": test.ties,
+            "counts": test.unit,
             "pValue": test.p_value,
+            "pValueHolm": pair.p_holm,
         },
+        "variance": _variance_json(pair.variance),
+        "power": _power_json(pair),
+    }
+
+
+def _power_json(pair: PairComparison) -> dict[str, Any] | None:
+    split = pair.variance
+    if split is None or pair.components is None:
+        return None
+    tasks, reps = split.tasks, split.repetitions
+    return {
+        "power": POWER,
+        "alpha": ALPHA,
+        "detectableDifference": _number(pair.detectable(tasks, reps)),
+        "withTwiceTheRepetitions": _number(pair.detectable(tasks, 2 * reps))
+        if split.within is not None
+        else None,
+        "withTwiceTheTasks": _number(pair.detectable(2 * tasks, reps)),
     }
 
 
@@ -410,19 +504,7 @@ def report_json(report: Report) -> dict[str, Any]:
         "runs": [_run_json(run) for run in report.runs],
         "runDifferences": list(report.run_differences),
         "warnings": report.warnings(),
-        "method": {
-            "confidence": CONFIDENCE,
-            "bootstrap": "percentile, over cells (pairs for differences), seeded",
-            "resamples": report.resamples,
-            "seed": report.seed,
-            "passAtK": f"Chen et al. 2021 unbiased estimator; a result passes at score >= "
-            f"{PASS_SCORE:g}; tasks with fewer than k results are left out",
-            "pairing": "by task id and repetition; unmatched observations discarded",
-            "test": "McNemar exact (two-sided binomial on discordant pairs) when every "
-            "score is 0 or 1, else the two-sided sign test on nonzero differences",
-            "lossWarning": "whenever two compared arms lose different shares of their "
-            "started cells; Fisher exact p reported",
-        },
+        "method": {**METHOD, "resamples": report.resamples, "seed": report.seed},
         "arms": [_arm_json(arm) for arm in report.arms],
         "pairs": [_pair_json(pair) for pair in report.pairs],
         "losses": [_loss_json(loss) for loss in report.losses],

@@ -1,4 +1,4 @@
-"""The statistics of a report: bootstrap intervals, pass@k and exact tests.
+"""The statistics of a report: bootstrap intervals, pass@k, exact tests, Holm's adjustment.
 
 Pure functions over numbers (numpy for the resampling); every method is named here once,
 and the tests check each against a reference (scipy) or a table worked out by hand.
@@ -8,12 +8,19 @@ and the tests check each against a reference (scipy) or a table worked out by ha
   (0/1 scores, paired differences of them) the resample mean depends only on how many
   times each level is drawn, so the draw is one multinomial per resample: the same
   resampling distribution as drawing every observation, at a fraction of the cost.
+- Cluster bootstrap: the task is the unit. Repetitions of one task are not independent
+  (a task an agent cannot solve fails every repetition together), so each task's
+  observations are first averaged, and the bootstrap above resamples those task means:
+  whole tasks are drawn with replacement. With one observation per task this is the
+  plain bootstrap, draw for draw.
 - pass@k: the unbiased estimator of Chen et al. (2021), 1 - C(n-c, k) / C(n, k), per
   task over its n samples with c passes, averaged over tasks with at least k samples.
 - Exact tests: the two-sided binomial test with p = 1/2 (the sign test). McNemar's exact
   test is this test on the discordant pairs of binary scores; for other scores it is the
   sign test on the nonzero paired differences. Fisher's exact test compares two
   proportions (of lost cells) when the tables are small, as they are here.
+- Holm's step-down adjustment: with several comparisons in one report, each p-value is
+  also given adjusted so that the chance of any false 'significant' stays at alpha.
 """
 
 from __future__ import annotations
@@ -46,6 +53,13 @@ class Interval:
     low: float
     high: float
     n: int
+    """Observations (cells, or pairs of cells)."""
+    tasks: int = -1
+    """Tasks (the resampled unit); -1: each observation its own (set to n)."""
+
+    def __post_init__(self) -> None:
+        if self.tasks < 0:
+            object.__setattr__(self, "tasks", self.n)
 
 
 def bootstrap_mean(
@@ -66,6 +80,56 @@ def bootstrap_mean(
     tail = (1 - confidence) / 2
     low, high = np.quantile(means, [tail, 1 - tail])
     return Interval(float(data.mean()), float(low), float(high), n)
+
+
+TaskIndex = tuple[npt.NDArray[np.intp], int]
+"""Each observation's task as a number (0, 1, ... in order of first appearance), and
+how many tasks there are: made once by `task_ids`, passed to the functions below."""
+
+
+def task_ids(tasks: Sequence[str] | TaskIndex) -> TaskIndex:
+    """Number the tasks (a TaskIndex is returned as it is). Looked up in C: a report
+    numbers 100,000s of cells."""
+    if isinstance(tasks, tuple) and len(tasks) == 2 and isinstance(tasks[0], np.ndarray):
+        return tasks
+    index = {task: i for i, task in enumerate(dict.fromkeys(tasks))}
+    ids = np.fromiter(map(index.__getitem__, tasks), dtype=np.intp, count=len(tasks))
+    return ids, len(index)
+
+
+def task_means(
+    tasks: Sequence[str] | TaskIndex, values: Sequence[float] | FloatArray
+) -> tuple[FloatArray, FloatArray]:
+    """Each task's mean of its values, and how many values it has; tasks in order of
+    first appearance (so one value per task gives the values back, in order)."""
+    ids, count = task_ids(tasks)
+    data = np.asarray(values, dtype=np.float64)
+    if data.shape != ids.shape:
+        raise ValueError("every value needs its task")
+    sizes = np.bincount(ids, minlength=count).astype(np.float64)
+    sums = np.bincount(ids, weights=data, minlength=count)
+    return sums / np.maximum(sizes, 1.0), sizes
+
+
+def cluster_bootstrap_mean(
+    tasks: Sequence[str] | TaskIndex,
+    values: Sequence[float] | FloatArray,
+    *,
+    resamples: int = DEFAULT_RESAMPLES,
+    seed: int = 0,
+    stream: int = 0,
+    confidence: float = CONFIDENCE,
+) -> Interval | None:
+    """The mean of the task means, with a percentile interval from resampling whole
+    tasks; None for no values. One value per task: exactly `bootstrap_mean`."""
+    means, _ = task_means(tasks, values)
+    interval = bootstrap_mean(
+        means, resamples=resamples, seed=seed, stream=stream, confidence=confidence
+    )
+    if interval is None:
+        return None
+    n = len(task_ids(tasks)[0])
+    return Interval(interval.estimate, interval.low, interval.high, n, int(means.size))
 
 
 def resampled_means(data: FloatArray, *, resamples: int, seed: int, stream: int = 0) -> FloatArray:
@@ -108,6 +172,19 @@ def mean_pass_at_k(samples: Sequence[tuple[int, int]], k: int) -> tuple[float | 
     return (sum(used) / len(used) if used else None), len(used)
 
 
+def holm(p_values: Sequence[float]) -> list[float]:
+    """Holm's step-down adjusted p-values, in the order given: the i-th smallest p is
+    multiplied by (m - i + 1), made no smaller than the adjusted ones before it, capped
+    at 1. Rejecting where the adjusted p < alpha keeps the family-wise error <= alpha."""
+    m = len(p_values)
+    adjusted = [0.0] * m
+    running = 0.0
+    for rank, i in enumerate(sorted(range(m), key=lambda j: p_values[j])):
+        running = max(running, min(1.0, (m - rank) * p_values[i]))
+        adjusted[i] = running
+    return adjusted
+
+
 def _log_binomial_pmf(n: int, p: float) -> FloatArray:
     """log P(X = k) for k = 0..n, X ~ Binomial(n, p)."""
     k = np.arange(n + 1, dtype=np.float64)
@@ -144,6 +221,8 @@ class ExactTest:
     """Pairs where the second arm scored higher."""
     ties: int
     p_value: float
+    unit: str = "pairs"
+    """What the counts count: 'pairs', or 'tasks' when repetitions were averaged."""
 
 
 def paired_test(first: Sequence[float], second: Sequence[float]) -> ExactTest:
@@ -162,6 +241,32 @@ def paired_test(first: Sequence[float], second: Sequence[float]) -> ExactTest:
         negative,
         ties,
         binomial_test(positive, positive + negative),
+    )
+
+
+def task_paired_test(
+    tasks: Sequence[str] | TaskIndex, first: Sequence[float], second: Sequence[float]
+) -> ExactTest:
+    """The paired test with the task as the unit. One pair per task: `paired_test`
+    itself (McNemar's exact test on 0/1 scores). Otherwise each task's repetitions are
+    averaged per arm and the sign test counts the tasks where the first arm's mean is
+    higher, lower or equal: the repetitions of a task are not independent pairs."""
+    ids, count = task_ids(tasks)
+    if not len(ids) == len(first) == len(second):
+        raise ValueError("paired observations must have equal lengths")
+    if count == len(ids):
+        return paired_test(first, second)
+    # Each task has as many values in both arms: comparing sums compares means.
+    a = np.bincount(ids, weights=np.asarray(first, dtype=np.float64), minlength=count)
+    b = np.bincount(ids, weights=np.asarray(second, dtype=np.float64), minlength=count)
+    positive, negative = int((a > b).sum()), int((a < b).sum())
+    return ExactTest(
+        "sign test over tasks",
+        positive,
+        negative,
+        count - positive - negative,
+        binomial_test(positive, positive + negative),
+        "tasks",
     )
 
 

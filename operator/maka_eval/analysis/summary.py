@@ -73,7 +73,7 @@ class SubjectSummary:
     without_result: int
     mean_score: float | None
     sem: float | None
-    """Standard error of the mean score."""
+    """Standard error of the mean score, clustered by task."""
     paired_n: int
     paired_mean_score: float | None
     tokens: int | None
@@ -138,7 +138,11 @@ def _subject_summaries(expansion: Expansion, rows: Sequence[CellRow]) -> list[Su
     for subject in expansion.subject_ids:
         mine = [row for row in rows if row.subject_id == subject]
         selected = [row.selected for row in mine if row.selected is not None]
-        stats = mean_and_sem([r.result.score for r in selected if r.result.score is not None])
+        scored = [r for r in selected if r.result.score is not None]
+        stats = mean_and_sem(
+            [r.result.score for r in scored if r.result.score is not None],
+            [r.task_id for r in scored],
+        )
         ours = mean_and_sem(paired[subject])
         difference = None
         if baseline is not None and subject != baseline:

@@ -363,6 +363,11 @@ from maka_eval.cli import report as report_cli  # noqa: E402
 
 app.command(name="report")(report_cli.report_command)
 
+# `plan`: power before running (the smallest detectable difference, tasks x repetitions).
+from maka_eval.cli import plan as plan_cli  # noqa: E402
+
+app.command(name="plan")(plan_cli.plan_command)
+
 # `egress check`: the contamination blocklist, as the proxy applies it.
 from maka_eval.cli import egress as egress_cli  # noqa: E402
 

@@ -17,9 +17,11 @@ from rich.table import Table
 from rich.text import Text
 
 if TYPE_CHECKING:
+    from maka_eval.analysis.comparison import PairComparison
     from maka_eval.analysis.report import Report
     from maka_eval.analysis.source import AttemptSource
     from maka_eval.analysis.summary import RunSummary
+    from maka_eval.analysis.variance import VarianceSplit
 
 
 def _sources(
@@ -185,7 +187,11 @@ def report_view(report: Report) -> RenderableType:
                 style="bold yellow",
             )
         )
-    parts += [_arms(report), _tokens(report), _pairs(report), _losses(report)]
+    parts += [_arms(report), _tokens(report), _pairs(report)]
+    variance = _variance(report)
+    if variance is not None:
+        parts.append(variance)
+    parts += [_losses(report), Text(method_line(report), style="dim")]
     warnings = report.warnings()
     if warnings:
         parts.append(Text("warnings:", style="bold yellow"))
@@ -223,6 +229,7 @@ def _arms(report: Report) -> Table:
     )
     table.add_column("arm", style="bold", no_wrap=True)
     table.add_column("results", justify="right", no_wrap=True)
+    table.add_column("tasks", justify="right", no_wrap=True)
     table.add_column("mean score [95% CI]", justify="right", no_wrap=True)
     for k in shown_ks:
         table.add_column(f"pass@{k}", justify="right", no_wrap=True)
@@ -238,6 +245,7 @@ def _arms(report: Report) -> Table:
         table.add_row(
             arm.arm,
             f"{arm.results}/{arm.cells}",
+            str(arm.score.tasks) if arm.score else "-",
             score,
             *[f"{passes[k]:.3f}" if passes.get(k) is not None else "-" for k in shown_ks],
             lower + _usd(arm.cost.total_usd),
@@ -280,8 +288,10 @@ def _pairs(report: Report) -> RenderableType:
         box=box.SIMPLE_HEAD,
         pad_edge=False,
     )
+    several = sum(pair.test is not None for pair in report.pairs) > 1
     table.add_column("first \u2212 second", style="bold", no_wrap=True)
-    for name in ("pairs", "discarded", "difference [95% CI]", "test", "+/\u2212/=", "p"):
+    names = ["pairs", "tasks", "discarded", "difference [95% CI]", "test", "+/\u2212/=", "p"]
+    for name in names + (["p (Holm)"] if several else []):
         table.add_column(name, justify="right", no_wrap=True)
     for pair in report.pairs:
         d = pair.difference
@@ -289,14 +299,92 @@ def _pairs(report: Report) -> RenderableType:
         label = f"{pair.first} \u2212 {pair.second}"
         if pair.across_runs:
             label += " (across runs)"
+        holm = [_p(pair.p_holm) if pair.p_holm is not None else "-"] if several else []
         table.add_row(
             label,
             str(pair.pairs),
+            str(d.tasks) if d else "-",
             f"{pair.first_unmatched}/{pair.second_unmatched}",
             _ci(d.estimate, d.low, d.high) if d else "-",
             test.name if test else "-",
-            f"{test.positive}/{test.negative}/{test.ties}" if test else "-",
+            f"{test.positive}/{test.negative}/{test.ties} {test.unit}" if test else "-",
             _p(test.p_value) if test else "-",
+            *holm,
+        )
+    return table
+
+
+def method_line(report: Report) -> str:
+    """How the figures were computed, in one sentence (the unit first)."""
+    tested = sum(pair.test is not None for pair in report.pairs)
+    holm = (
+        f"; p (Holm): adjusted over the {tested} comparisons (Holm's step-down)"
+        if tested > 1
+        else ""
+    )
+    return (
+        "unit: the task (repetitions averaged within it); 95% intervals: percentile "
+        f"bootstrap over tasks, {report.resamples:,} resamples, seed {report.seed}; "
+        "test: McNemar exact / sign test over pairs with one repetition, sign test over "
+        f"tasks otherwise{holm}"
+    )
+
+
+def _se(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4f}"
+
+
+def _variance(report: Report) -> Table | None:
+    """Where the variance lies (arms and pairs), and what more repetitions or more tasks
+    would buy; None when no arm has repetitions."""
+    rows: list[tuple[str, VarianceSplit, PairComparison | None]] = [
+        (arm.arm, arm.variance, None) for arm in report.arms if arm.variance is not None
+    ]
+    rows += [
+        (f"{pair.first} \u2212 {pair.second}", pair.variance, pair)
+        for pair in report.pairs
+        if pair.variance is not None and pair.variance.within is not None
+    ]
+    if not rows:
+        return None
+    table = Table(
+        title="Variance by task (standard error now / with twice the repetitions / with "
+        "twice the tasks; for pairs, the smallest difference detectable at 80% power)",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+    )
+    table.add_column("arm or pair", style="bold", no_wrap=True)
+    for name in ("tasks", "reps", "between", "within", "within share", "design effect"):
+        table.add_column(name, justify="right", no_wrap=True)
+    for name in ("SE now / 2x reps / 2x tasks", "detectable now / 2x reps / 2x tasks"):
+        table.add_column(name, justify="right", no_wrap=True)
+    for name, v, pair in rows:
+        more_reps = v.standard_error(v.tasks, 2 * v.repetitions) if v.within is not None else None
+        ses = f"{_se(v.clustered_se)} / {_se(more_reps)} / " + _se(
+            v.standard_error(2 * v.tasks, v.repetitions)
+        )
+        detectable = "-"
+        if pair is not None and pair.components is not None:
+            detectable = " / ".join(
+                _se(pair.detectable(tasks, reps))
+                for tasks, reps in (
+                    (v.tasks, v.repetitions),
+                    (v.tasks, 2 * v.repetitions),
+                    (2 * v.tasks, v.repetitions),
+                )
+            )
+        share = v.within_share
+        table.add_row(
+            name,
+            str(v.tasks),
+            f"{v.repetitions:.2g}",
+            f"{v.between:.4f}",
+            _se(v.within),
+            "-" if share is None else f"{share:.0%}",
+            "-" if v.design_effect is None else f"{v.design_effect:.2f}",
+            ses,
+            detectable,
         )
     return table
 
