@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import os
+import shutil
 import stat
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 REWARD_ONE = '#!/bin/sh\necho 1 > "$MAKA_EVAL_VERIFIER_LOGS_DIR/reward.txt"\n'
 REWARD_IF_DONE = (
@@ -126,3 +133,51 @@ def files_containing(root: Path, needle: bytes) -> list[Path]:
             if path.is_file() and needle in path.read_bytes():
                 hits.append(path)
     return hits
+
+
+def _fixture_digest(root: Path) -> str:
+    digest = hashlib.sha256()
+    for path in sorted(p for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
+        digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
+
+
+def install_fixture(fixture: Path, name: str) -> Path:
+    """The folder a plug-in fixture (a separate distribution under tests/fixtures) is
+    installed in with pip --target, built once per fixture version; its dist-info carries
+    the entry points, so it is found exactly as an installed package would be."""
+    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "maka-eval"
+    target = cache / "plugins" / f"{name}-{_fixture_digest(fixture)}"
+    if (target / ".complete").is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
+        source = Path(scratch) / "src"
+        shutil.copytree(fixture, source, ignore=shutil.ignore_patterns("__pycache__"))
+        staging = Path(scratch) / "target"
+        result = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--disable-pip-version-check",
+                "--no-deps",
+                "--target",
+                str(staging),
+                str(source),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        if result.returncode != 0:
+            pytest.skip(
+                f"pip could not build the {name} fixture (it needs setuptools from the "
+                f"package index or /opt/wheels): {result.stderr.strip()[-400:]}"
+            )
+        (staging / ".complete").write_text("")
+        shutil.rmtree(target, ignore_errors=True)
+        staging.rename(target)
+    return target

@@ -10,14 +10,18 @@ the record carries it.
 from __future__ import annotations
 
 import subprocess
+from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import IO, Protocol
+from typing import IO, TYPE_CHECKING, Protocol
 
 from maka_eval.relay.output import OutputCapture
 from maka_eval.relay.processes import CancelToken, WaitEnd
+
+if TYPE_CHECKING:
+    from maka_eval.relay.processes import ProcessSupervisor
 
 
 class Isolation(StrEnum):
@@ -109,7 +113,12 @@ class Network:
 
 
 class Sandbox(Protocol):
-    """Runs one attempt's processes; the relay owns everything else."""
+    """Runs one attempt's processes; the relay owns everything else.
+
+    This is what the relay calls. A backend implements it by subclassing `SandboxBase`
+    (which supplies the calls that are the same for every backend) and registering a
+    `maka_eval.sandbox.backends.SandboxBackend` that makes it; see docs/sandboxes.md.
+    """
 
     isolation: Isolation
     notes: list[str]
@@ -189,3 +198,98 @@ class Sandbox(Protocol):
 
     def stop(self) -> None:
         """The attempt is over: nothing of it may survive."""
+
+
+class SandboxBase(ABC):
+    """What a sandbox backend subclasses: the eight calls only it can answer are
+    abstract (`start`, `path_of`, `spawn`, `quiesce`, `upload`, `download`, `collect`,
+    `stop`); the others have the meaning every backend so far shares, and a backend
+    overrides them where it knows better (its own verifier HOME, tampering evidence, a
+    fresh verifier view between steps).
+
+    Programs are started through `supervisor` (`ProcessSupervisor.spawn`) so that
+    waiting, reaping and the attempt's process tree work the same in every backend.
+    """
+
+    isolation: Isolation
+    notes: list[str]
+
+    def __init__(self, supervisor: ProcessSupervisor, attempt_id: str, layout: Layout) -> None:
+        self.supervisor = supervisor
+        self.attempt_id = attempt_id
+        self.layout = layout
+        self.notes = []
+
+    # -- the backend's own ---------------------------------------------------------
+    @abstractmethod
+    def start(self) -> None:
+        """See `Sandbox.start`."""
+
+    @abstractmethod
+    def path_of(self, phase: Phase, host_path: str) -> str:
+        """See `Sandbox.path_of`."""
+
+    @abstractmethod
+    def spawn(
+        self,
+        phase: Phase,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str],
+        cwd: str,
+        stdout: IO[bytes] | int,
+        stderr: IO[bytes] | int,
+        user: str | None = None,
+    ) -> subprocess.Popen[bytes]:
+        """See `Sandbox.spawn`."""
+
+    @abstractmethod
+    def quiesce(self, phase: Phase, proc: subprocess.Popen[bytes]) -> None:
+        """See `Sandbox.quiesce`."""
+
+    @abstractmethod
+    def upload(self, host_path: str, sandbox_path: str, user: str | None = None) -> None:
+        """See `Sandbox.upload`."""
+
+    @abstractmethod
+    def download(self, sandbox_path: str, host_path: str, max_bytes: int) -> None:
+        """See `Sandbox.download`."""
+
+    @abstractmethod
+    def collect(self, source: str, target: Path, max_bytes: int) -> str | None:
+        """See `Sandbox.collect`."""
+
+    @abstractmethod
+    def stop(self) -> None:
+        """See `Sandbox.stop`."""
+
+    # -- shared by every backend unless it knows better ----------------------------
+    def wait(
+        self,
+        proc: subprocess.Popen[bytes],
+        timeout: float,
+        cancel: CancelToken,
+        captures: Sequence[OutputCapture] = (),
+    ) -> WaitEnd:
+        """Exit, the timeout or cancellation, whichever comes first (the supervisor's)."""
+        return self.supervisor.wait(proc, timeout, cancel, captures)
+
+    def release(self, proc: subprocess.Popen[bytes]) -> int:
+        """Reap `proc`; its exit code."""
+        return self.supervisor.release(proc)
+
+    def processes(self) -> list[int]:
+        """Host pids still alive that the supervisor counts as this attempt's."""
+        return sorted(self.supervisor.members([], self.attempt_id))
+
+    def verifier_dirs(self) -> tuple[str, str] | None:
+        """None: the backend gives the verifier a HOME and TMPDIR of its own."""
+        return None
+
+    def tampering(self) -> str | None:
+        """None: the backend has no evidence of the verifier's start-up being changed."""
+        return None
+
+    def next_step(self) -> None:
+        """Nothing to renew: the relay has emptied the verifier's host folders."""
+        return None

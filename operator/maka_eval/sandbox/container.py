@@ -70,7 +70,7 @@ from collections import Counter, deque
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from maka_eval import strict_json
 from maka_eval.relay.output import OutputCapture
@@ -87,6 +87,9 @@ ENGINE_SOCKETS = (
     "unix:///var/run/docker.sock",
     "unix:///run/podman/podman.sock",
 )
+
+if TYPE_CHECKING:
+    from maka_eval.sandbox.backends import SandboxRequest
 """Where an engine is looked for when DOCKER_HOST is not set (hack/podman.sh's first)."""
 LABEL = "dev.maka.eval"
 BUILD_REPOSITORY = "maka-eval-task"
@@ -1727,3 +1730,32 @@ __all__ = [
     "leftover_containers",
     "remove_leftovers",
 ]
+
+
+class ContainerBackend:
+    """The `container` backend: the task's image through a Docker Engine API."""
+
+    kind = "container"
+
+    def unavailable(self, request: SandboxRequest | None = None) -> str | None:
+        """Why no engine answers (at the plan's address, else at the usual ones)."""
+        env = {"DOCKER_HOST": request.container.engine} if request and request.container else None
+        probe = engine_info(env)
+        return None if probe.engine is not None else probe.why_none()
+
+    def create(self, request: SandboxRequest) -> ContainerSandbox:
+        """A container sandbox for the request's container plan."""
+        if request.container is None:
+            raise ValueError("the container sandbox needs the task's container plan")
+        return ContainerSandbox(
+            request.supervisor,
+            request.attempt_id,
+            request.layout,
+            request.container,
+            task_id=request.task_id,
+            labels=request.labels,
+            network=request.network,
+        )
+
+
+BACKEND = ContainerBackend()

@@ -39,12 +39,11 @@ import sys
 from collections.abc import Mapping, Sequence
 from functools import cache
 from pathlib import Path
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
 from maka_eval.process_table import snapshot
-from maka_eval.relay.output import OutputCapture
-from maka_eval.relay.processes import CancelToken, ProcessSupervisor, WaitEnd
-from maka_eval.sandbox.base import Isolation, Layout, Network, Phase, mapped
+from maka_eval.relay.processes import ProcessSupervisor
+from maka_eval.sandbox.base import Isolation, Layout, Network, Phase, SandboxBase, mapped
 from maka_eval.sandbox.files import copy_into, copy_out, copy_path_out
 from maka_eval.sandbox.holders import (
     OWN_NAMESPACES,
@@ -61,6 +60,9 @@ from maka_eval.sandbox.holders import (
     verifier_holder,
 )
 
+if TYPE_CHECKING:
+    from maka_eval.sandbox.backends import SandboxRequest
+
 BWRAP_PROBE = (
     *("bwrap", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--die-with-parent"),
     *("--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", "true"),
@@ -76,26 +78,8 @@ in a Docker container holds by default, less CAP_NET_RAW and CAP_MKNOD. The rela
 checks the ones that matter are gone (relay.gate.FORBIDDEN)."""
 
 
-class _Supervised:
-    """Programs started through the relay's supervisor: waiting and reaping are its."""
-
-    def __init__(self, supervisor: ProcessSupervisor, attempt_id: str, layout: Layout) -> None:
-        self.supervisor = supervisor
-        self.attempt_id = attempt_id
-        self.layout = layout
-        self.notes: list[str] = []
-
-    def wait(
-        self,
-        proc: subprocess.Popen[bytes],
-        timeout: float,
-        cancel: CancelToken,
-        captures: Sequence[OutputCapture] = (),
-    ) -> WaitEnd:
-        return self.supervisor.wait(proc, timeout, cancel, captures)
-
-    def release(self, proc: subprocess.Popen[bytes]) -> int:
-        return self.supervisor.release(proc)
+class _Supervised(SandboxBase):
+    """This machine's processes, seen at their host paths unless mapped."""
 
     def path_of(self, phase: Phase, host_path: str) -> str:
         return host_path
@@ -167,14 +151,8 @@ class PlainProcesses(_Supervised):
     ) -> subprocess.Popen[bytes]:
         return self.supervisor.spawn(list(argv), cwd=cwd, env=env, stdout=stdout, stderr=stderr)
 
-    def next_step(self) -> None:
-        """Nothing to renew: the relay made the verifier's folders anew."""
-
     def quiesce(self, phase: Phase, proc: subprocess.Popen[bytes]) -> None:
         self.supervisor.quiesce([proc.pid], self.attempt_id)
-
-    def processes(self) -> list[int]:
-        return sorted(self.supervisor.members([], self.attempt_id))
 
     def stop(self) -> None:
         self.supervisor.end_attempt(self.attempt_id)
@@ -422,9 +400,39 @@ def interpreted(argv: Sequence[str], shell: str | None = None) -> list[str]:
     return [bash, *argv]
 
 
+
+
+class ProcessBackend:
+    """The `process` backend: this machine's processes, in namespaces where asked."""
+
+    kind = "process"
+
+    def unavailable(self, request: SandboxRequest | None = None) -> str | None:
+        """Why namespaces cannot be made here, when they are asked for."""
+        if request is not None and request.isolation is not Isolation.NAMESPACES:
+            return None
+        return namespaces_unavailable()
+
+    def create(self, request: SandboxRequest) -> PlainProcesses | Namespaces:
+        """The process sandbox the request's isolation asks for."""
+        return make_sandbox(
+            request.isolation,
+            request.supervisor,
+            request.attempt_id,
+            request.layout,
+            request.network,
+            request.pool,
+        )
+
+
+BACKEND = ProcessBackend()
+
+
 __all__ = [
+    "BACKEND",
     "Namespaces",
     "PlainProcesses",
+    "ProcessBackend",
     "interpreted",
     "make_sandbox",
     "namespaces_unavailable",
