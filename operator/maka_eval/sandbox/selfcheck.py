@@ -203,12 +203,14 @@ def _exit_and_output(s: _Session) -> str:
     return "exit code 7, stdout and stderr apart"
 
 
-def _workspace_shared(s: _Session) -> str:
+def _workspace_kept(s: _Session) -> str:
     s.ok("echo from-subject > made.txt")
-    host = Path(s.layout.workspace) / "made.txt"
-    if not host.is_file() or host.read_text() != "from-subject\n":
-        raise _Failed("a file the subject wrote in its workspace is not in the host's workspace")
-    return "the subject's workspace is the attempt's"
+    out = s.ok("cat made.txt")
+    if out != "from-subject\n":
+        raise _Failed(
+            f"a file the subject wrote in its workspace is gone for its next program: {out!r}"
+        )
+    return "the workspace is kept from one program to the next"
 
 
 def _upload(s: _Session) -> str:
@@ -388,7 +390,7 @@ def _stop(s: _Session) -> str:
 CHECKS: Sequence[tuple[str, Check]] = (
     ("environment and working folder", _env_and_cwd),
     ("exit code and output", _exit_and_output),
-    ("workspace shared with the host", _workspace_shared),
+    ("workspace kept between programs", _workspace_kept),
     ("upload", _upload),
     ("instruction", _instruction),
     ("tests out of the subject's sight", _tests_out_of_sight),
