@@ -48,6 +48,15 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 from pydantic import BaseModel
 
 from maka_eval.contract.kernel import ArtifactEntry, ResultKernel
+from maka_eval.engine.classify import (
+    NO_FRAME,
+    Execution,
+    ExecutionEnd,
+    Frame,
+    ResultContract,
+    Verification,
+    classify,
+)
 from maka_eval.engine.expand import Cell
 from maka_eval.engine.launch import SubjectLaunch
 from maka_eval.engine.status import AttemptStatus, StatusSource
@@ -262,6 +271,42 @@ def failure_kernel(
     )
 
 
+def classified_kernel(
+    execution: Execution,
+    verification: Verification,
+    *,
+    duration_sec: float,
+    contract: ResultContract = ResultContract.EXIT_CODE,
+    frame: Frame = NO_FRAME,
+    artifacts: Sequence[ArtifactEntry] = (),
+    isolation: str | None = None,
+    notes: Sequence[str] = (),
+    secrets: Mapping[str, str] | None = None,
+) -> ResultKernel:
+    """The kernel maka-eval's own executors record for the same evidence: how the
+    subject's execution ended and what the verifier said, classified by the status rules
+    (maka_eval.engine.classify), every string made printable and cleared of the values
+    in `secrets` (name -> value: the credentials the attempt was given).
+
+    A plug-in reports what it observed and never decides a status itself:
+    `Execution(ExecutionEnd.EXITED, exit_code=0)`, `Execution(ExecutionEnd.TIMED_OUT,
+    timeout_sec=600)`, `Execution(ExecutionEnd.CANCELLED)`; `Verification(1.0,
+    metrics={"reward": 1.0})` or `Verification(None, "no reward file")`."""
+    from maka_eval.artifacts import Redactor
+    from maka_eval.relay.outcome import build_kernel
+
+    classification = classify(contract, execution, frame, verification, metered=None)
+    return build_kernel(
+        classification,
+        verification,
+        duration_sec,
+        tuple(artifacts),
+        Redactor.of(dict(secrets or {})),
+        isolation=isolation,
+        notes=tuple(notes),
+    )
+
+
 __all__ = [
     "CONFIG_PATH",
     "ENTRY_POINT_GROUP",
@@ -270,14 +315,20 @@ __all__ = [
     "AttemptRequest",
     "AttemptStatus",
     "CancelSignal",
+    "Execution",
+    "ExecutionEnd",
     "ExecutorPlugin",
+    "Frame",
     "Prerequisite",
     "Problem",
+    "ResultContract",
     "ResultKernel",
     "RunContext",
     "StatusSource",
     "SubjectLaunch",
     "TaskInput",
+    "Verification",
     "artifact_entry",
+    "classified_kernel",
     "failure_kernel",
 ]
