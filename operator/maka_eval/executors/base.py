@@ -52,6 +52,7 @@ from maka_eval.engine.expand import Cell
 from maka_eval.engine.launch import SubjectLaunch
 from maka_eval.engine.status import AttemptStatus, StatusSource
 from maka_eval.errors import Problem
+from maka_eval.layout import DEFAULT_AGENT_TIMEOUT_SEC, DEFAULT_VERIFIER_TIMEOUT_SEC
 
 if TYPE_CHECKING:
     from maka_eval.spec.experiment import Experiment
@@ -101,9 +102,9 @@ class TaskInput:
     directory: Path | None = None
     """The task's Harbor-format directory (instruction.md, tests/, environment/,
     solution/) when the benchmark has one, resolved on this machine."""
-    agent_timeout_sec: float = 900.0
+    agent_timeout_sec: float = DEFAULT_AGENT_TIMEOUT_SEC
     """The subject's time limit: task.toml's, else `execution.defaultTimeouts.agentSec`."""
-    verifier_timeout_sec: float = 600.0
+    verifier_timeout_sec: float = DEFAULT_VERIFIER_TIMEOUT_SEC
     """The verifier's time limit: task.toml's, else `execution.defaultTimeouts.verifierSec`."""
 
 
