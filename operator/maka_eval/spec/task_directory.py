@@ -22,13 +22,17 @@ import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from maka_eval.egress.policy import allowed_host_entry
 from maka_eval.engine.environment import Healthcheck, TaskArtifact
 from maka_eval.engine.modes import NetworkMode
 from maka_eval.errors import Problem, TaskError
-from maka_eval.spec.experiment import Experiment
+
+if TYPE_CHECKING:
+    # Only `load_tasks` reads an experiment: the relay in a Pod reads one task with
+    # `load_task` and must not load pydantic (relay.plan.with_task_dir).
+    from maka_eval.spec.experiment import Experiment
 
 IMAGE_BUILD_FILES = ("Dockerfile", "docker-compose.yaml", "docker-compose.yml", "compose.yaml")
 COMPOSE_FILES = IMAGE_BUILD_FILES[1:]
