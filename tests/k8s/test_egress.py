@@ -158,9 +158,7 @@ def _pod_plan(tmp_path: Path, toml: str | None) -> AttemptPlan:
 def test_a_task_that_allows_no_network_leaves_the_pods_network(tmp_path: Path) -> None:
     public = with_task_dir(_pod_plan(tmp_path / "a", None))
     assert public.egress is not None and public.egress.namespace == OWN_NETWORK
-    closed = with_task_dir(
-        _pod_plan(tmp_path / "b", "[environment]\nallow_internet = false\n")
-    )
+    closed = with_task_dir(_pod_plan(tmp_path / "b", "[environment]\nallow_internet = false\n"))
     assert closed.egress is None  # namespaces isolation: an empty network namespace
 
 

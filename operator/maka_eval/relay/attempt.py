@@ -913,6 +913,8 @@ class _Attempt:
             target_root.mkdir(parents=True)
         made = {target_root}
         entries = []
+        cap = self.plan.max_artifact_files
+        dropped: list[str] = []
         for name, path in candidates:
             try:
                 info = path.lstat()
@@ -920,6 +922,11 @@ class _Attempt:
                 continue
             limit = MAX_FRAME_BYTES if name == "result-frame.json" else info.st_size
             if not (stat.S_ISREG(info.st_mode) and 0 < info.st_size <= limit):
+                continue
+            if cap is not None and len(entries) >= cap:
+                # execution.maxArtifactFiles: the first ones in this order are kept (the
+                # streams and the rewards come first, the subject's own files last).
+                dropped.append(name)
                 continue
             target = target_root / name
             if target.parent not in made:
@@ -931,6 +938,11 @@ class _Attempt:
                 ArtifactEntry(
                     name, digest.bytes, digest.sha256, bool(capture and capture.truncated)
                 )
+            )
+        if dropped:
+            self.notes.append(
+                f"execution.maxArtifactFiles is {cap}: {len(dropped)} artifact file(s) not "
+                f"kept: {', '.join(dropped)}"
             )
         return tuple(entries)
 
