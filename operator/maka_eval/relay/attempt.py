@@ -912,7 +912,7 @@ class _Attempt:
         if not target_root.is_dir():
             target_root.mkdir(parents=True)
         made = {target_root}
-        entries = []
+        entries: list[ArtifactEntry] = []
         cap = self.plan.max_artifact_files
         dropped: list[str] = []
         for name, path in candidates:
