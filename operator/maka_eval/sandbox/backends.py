@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 from importlib.metadata import EntryPoint, entry_points
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from maka_eval.sandbox.base import Isolation, Layout, Network, Sandbox
+from maka_eval.engine.modes import Isolation
+from maka_eval.sandbox.base import Layout, Network, Sandbox
 
 if TYPE_CHECKING:
     from maka_eval.relay.plan import ContainerPlan

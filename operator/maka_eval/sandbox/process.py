@@ -41,9 +41,10 @@ from functools import cache
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
+from maka_eval.engine.modes import Isolation
 from maka_eval.process_table import snapshot
 from maka_eval.relay.processes import ProcessSupervisor
-from maka_eval.sandbox.base import Isolation, Layout, Network, Phase, SandboxBase, mapped
+from maka_eval.sandbox.base import Layout, Network, Phase, SandboxBase, mapped
 from maka_eval.sandbox.files import copy_into, copy_out, copy_path_out
 from maka_eval.sandbox.holders import (
     OWN_NAMESPACES,

@@ -34,9 +34,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from maka_eval.engine.modes import Isolation
 from maka_eval.relay.processes import MARKER_VARIABLE, CancelToken, ProcessSupervisor, WaitEnd
 from maka_eval.sandbox.backends import SandboxBackend, SandboxRequest, load
-from maka_eval.sandbox.base import Isolation, Layout, Phase, Sandbox
+from maka_eval.sandbox.base import Layout, Phase, Sandbox
 
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 CANARY = "MAKA_EVAL_SELFCHECK_CANARY"
