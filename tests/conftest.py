@@ -40,3 +40,21 @@ def _seal_keys(tmp_path_factory) -> Iterator[Path]:
 def key_dir() -> Path:
     """The seal key folder this test's records are sealed with."""
     return Path(os.environ["MAKA_EVAL_KEY_DIR"])
+
+
+@pytest.fixture
+def toy_sandbox(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """The toy third-party sandbox backend (tests/fixtures/toy_sandbox), installed with
+    pip and discoverable in this process through its entry point (kind `toy`)."""
+    import sys
+
+    from maka_eval.sandbox import backends
+    from tests.helpers import install_fixture
+
+    path = install_fixture(Path(__file__).parent / "fixtures" / "toy_sandbox", "toy-sandbox")
+    monkeypatch.syspath_prepend(str(path))
+    backends.refresh()
+    yield path
+    monkeypatch.undo()
+    sys.modules.pop("maka_toy_sandbox", None)
+    backends.refresh()

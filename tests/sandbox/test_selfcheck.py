@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import IO
@@ -22,26 +22,12 @@ from maka_eval.sandbox.backends import SandboxLoadError, SandboxRequest
 from maka_eval.sandbox.base import Isolation, Phase
 from maka_eval.sandbox.process import BACKEND as PROCESS
 from maka_eval.sandbox.process import PlainProcesses, namespaces_unavailable
-from tests.helpers import install_fixture
 
 REPO = Path(__file__).resolve().parents[2]
-TOY = REPO / "tests" / "fixtures" / "toy_sandbox"
 
 
 def _isolation(isolation: Isolation):
     return lambda request: replace(request, isolation=isolation)
-
-
-@pytest.fixture
-def toy(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """The toy third-party backend, installed with pip and discoverable here."""
-    path = install_fixture(TOY, "toy-sandbox")
-    monkeypatch.syspath_prepend(str(path))
-    backends.refresh()
-    yield path
-    monkeypatch.undo()
-    sys.modules.pop("maka_toy_sandbox", None)
-    backends.refresh()
 
 
 @pytest.mark.skipif(namespaces_unavailable() is not None, reason=f"{namespaces_unavailable()}")
@@ -70,7 +56,7 @@ def test_the_container_backend_conforms(container_engine: str) -> None:
     assert report.isolation == "container"
 
 
-def test_a_third_party_backend_installed_with_pip_is_found_and_conforms(toy: Path) -> None:
+def test_a_third_party_backend_installed_with_pip_is_found_and_conforms(toy_sandbox: Path) -> None:
     assert "toy" in backends.installed_kinds()
     backend = backends.load("toy")
     assert type(backend).__module__ == "maka_toy_sandbox"
@@ -81,8 +67,8 @@ def test_a_third_party_backend_installed_with_pip_is_found_and_conforms(toy: Pat
     assert "toy-sandbox-" in env_row.detail
 
 
-def test_the_kit_runs_from_the_command_line(toy: Path) -> None:
-    env = {"PYTHONPATH": f"{toy}:{REPO / 'operator'}", "PATH": "/usr/bin:/bin"}
+def test_the_kit_runs_from_the_command_line(toy_sandbox: Path) -> None:
+    env = {"PYTHONPATH": f"{toy_sandbox}:{REPO / 'operator'}", "PATH": "/usr/bin:/bin"}
     done = subprocess.run(
         [sys.executable, "-m", "maka_eval.sandbox.selfcheck", "toy"],
         capture_output=True,
@@ -105,7 +91,7 @@ def test_the_kit_runs_from_the_command_line(toy: Path) -> None:
     assert "'process', 'container'" in missing.stderr and "'toy'" in missing.stderr
 
 
-def test_an_unknown_or_broken_registration_is_named(toy: Path) -> None:
+def test_an_unknown_or_broken_registration_is_named(toy_sandbox: Path) -> None:
     with pytest.raises(KeyError) as unknown:
         backends.load("nowhere")
     assert "maka_eval.sandboxes" in unknown.value.args[0]

@@ -37,6 +37,7 @@ def plan_attempt(
     container: ContainerPlan | None = None,
     egress: EgressPlan | None = None,
     metering: MeteringPlan | None = None,
+    sandbox: str | None = None,
 ) -> AttemptPlan:
     """The relay plan for one attempt of `cell`. `task` is the task as read by the
     executor (None: only the relay can read it, from `task_dir`); `spec_egress` is
@@ -71,5 +72,6 @@ def plan_attempt(
         container=container,
         egress=egress,
         metering=metering,
+        sandbox=sandbox,
     )
     return plan if task is None else with_task(plan, task, spec_egress)

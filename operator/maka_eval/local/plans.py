@@ -62,6 +62,10 @@ def attempt_plan(
     config = spec.executor_egress
     spec_egress = EgressMode(config.mode) if config is not None else None
     mode = egress_mode(experiment, task)
+    # A registered backend is given the task's image too, when it ships one.
+    wants_image = (in_container and commands.engine is not None) or (
+        commands.sandbox is not None and task.needs_image
+    )
     container = (
         _container_plan(
             task,
@@ -69,7 +73,7 @@ def attempt_plan(
             upload,
             network=container_network(mode, egress is not None, task.network_mode),
         )
-        if in_container and commands.engine is not None
+        if wants_image
         else None
     )
     return plan_attempt(
@@ -80,7 +84,11 @@ def attempt_plan(
         root=str(attempt_root),
         artifacts_dir=str(artifacts_dir),
         subject=launch,
-        isolation=Isolation.CONTAINER if container is not None else commands.isolation,
+        isolation=(
+            Isolation.CONTAINER
+            if container is not None and commands.sandbox is None
+            else commands.isolation
+        ),
         task=task,
         task_dir=str(task.root),
         spec_egress=spec_egress,
@@ -88,6 +96,7 @@ def attempt_plan(
         visible=program_view(launch.argv[0], hidden, spelled),
         container=container,
         egress=egress,
+        sandbox=commands.sandbox,
     )
 
 
@@ -156,8 +165,8 @@ def _named_command(subject: Subject, runtime_host: str | None) -> str | None:
 def _container_plan(
     task: TaskDefinition, commands: ResolvedCommands, program: str | None, network: NetworkMode
 ) -> ContainerPlan:
-    """How the task's container is made: its image, and task.toml's settings."""
-    assert commands.engine is not None
+    """How the task's container is made: its image, and task.toml's settings (`engine`
+    empty when no engine answered here: a registered backend brings its own)."""
     if task.docker_image is not None:
         image, build_dir = task.docker_image, None
     else:
@@ -165,7 +174,7 @@ def _container_plan(
         image = build_tag(task.id, task.environment_digest)
         build_dir = str(task.environment_dir)
     return ContainerPlan(
-        engine=commands.engine.url,
+        engine=commands.engine.url if commands.engine is not None else "",
         image=image,
         build_dir=build_dir,
         build_timeout_sec=task.build_timeout_sec,

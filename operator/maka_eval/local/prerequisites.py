@@ -17,12 +17,14 @@ from maka_eval.egress.proxy import mitmdump_path
 from maka_eval.engine.modes import Isolation, NetworkMode, needs_policing
 from maka_eval.errors import PrerequisiteError, Problem
 from maka_eval.local.netns import enforcement_unavailable
+from maka_eval.sandbox import backends
+from maka_eval.sandbox.backends import SandboxLoadError
 from maka_eval.sandbox.container import EngineInfo, engine_info
 from maka_eval.sandbox.holders import runtime_path
 from maka_eval.sandbox.process import namespaces_unavailable
 from maka_eval.sandbox.toolbox import toolbox_problem
 from maka_eval.spec.egress import EgressConfig
-from maka_eval.spec.experiment import Experiment, LocalExecutor, Task
+from maka_eval.spec.experiment import Experiment, LocalExecutor, LocalExecutorConfig, Task
 from maka_eval.spec.load import LoadedExperiment
 from maka_eval.spec.subjects import ExternalSubject, MakaSubject, OracleSubject
 from maka_eval.spec.task_directory import COMPOSE_FILES, TaskDefinition
@@ -83,6 +85,9 @@ class ResolvedCommands:
     """The container engine found (whether or not any task needs it)."""
     engine_search: str = ""
     """What the engine search found or tried, for `validate` to say."""
+    sandbox: str | None = None
+    """An installed sandbox backend's kind (executor.config.sandbox) that runs every
+    task; None: maka-eval's own, per task (`isolation`, `containers`)."""
     spelled: Mapping[str, Path] = field(default_factory=dict)
     """Subject id -> its program as the spec names it by path, made absolute but with
     its links kept (a virtualenv's bin/python, a link to an agent elsewhere): what the
@@ -131,6 +136,7 @@ def check_prerequisites(
     containers = _task_sandboxes(
         spec.tasks, tasks, executor.config.sandbox, probe.engine, probe.why_none(), prefix, problems
     )
+    registered = _registered_backend(executor.config, spec.tasks, tasks, prefix, problems)
     if containers:
         why = toolbox_problem()
         if why is not None:
@@ -245,12 +251,67 @@ def check_prerequisites(
         containers=frozenset(containers),
         engine=probe.engine,
         engine_search=probe.engine.describe() if probe.engine else probe.why_none(),
+        sandbox=registered,
         spelled=spelled,
     )
 
 
 RUNTIME_HOST = ""
 """The key of the Runtime Host's program in `ResolvedCommands.spelled`."""
+
+
+BUILT_IN_SANDBOXES = ("auto", "process", "container")
+"""executor.config.sandbox values that are maka-eval's own choice per task."""
+
+
+def _registered_backend(
+    config: LocalExecutorConfig,
+    spec_tasks: tuple[Task, ...],
+    tasks: Mapping[str, TaskDefinition],
+    prefix: str,
+    problems: list[Problem],
+) -> str | None:
+    """The installed sandbox backend executor.config.sandbox names (None: a built-in
+    choice); why it cannot run these tasks here is added to `problems`."""
+    asked = config.sandbox
+    if asked in BUILT_IN_SANDBOXES:
+        return None
+    where = f"{prefix}executor.config.sandbox"
+    unknown = backends.kind_problem(asked)
+    if unknown is not None:
+        problems.append(Problem(where, f"{unknown}; or set it to auto, process or container"))
+        return None
+    try:
+        backend = backends.load(asked)
+    except SandboxLoadError as exc:
+        problems.append(Problem(where, str(exc)))
+        return None
+    why = backend.unavailable()
+    if why is not None:
+        problems.append(Problem(where, f"the sandbox backend '{asked}' cannot run here: {why}"))
+    # The cell's policed network is a namespace of this machine that maka-eval's own
+    # sandboxes join; a registered backend is not asked to (nor trusted to) join it.
+    if config.egress is not None:
+        problems.append(
+            Problem(
+                f"{prefix}executor.config.egress",
+                f"egress is enforced in maka-eval's own sandboxes only; the sandbox backend "
+                f"'{asked}' cannot join a cell's policed network: remove egress or set "
+                "executor.config.sandbox to auto",
+            )
+        )
+    for t, task in enumerate(spec_tasks):
+        definition = tasks.get(task.id)
+        if definition is not None and definition.network_mode is NetworkMode.ALLOWLIST:
+            problems.append(
+                Problem(
+                    f"{prefix}tasks[{t}]",
+                    f"task.toml allows only some hosts (network_mode = 'allowlist'), which "
+                    f"maka-eval's own sandboxes enforce; the sandbox backend '{asked}' cannot: "
+                    "set executor.config.sandbox to auto, or leave the task out",
+                )
+            )
+    return asked
 
 
 def _spelled(command: str, base_dir: Path) -> Path:
@@ -299,6 +360,8 @@ def _task_sandboxes(
                     "leave it out of the experiment",
                 )
             )
+        elif asked not in BUILT_IN_SANDBOXES:
+            continue  # a registered backend runs every task (see _registered_backend)
         elif asked == "process":
             problems.append(
                 Problem(

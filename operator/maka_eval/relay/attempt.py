@@ -59,9 +59,11 @@ from maka_eval.relay.plan import AttemptPlan, EgressPlan
 from maka_eval.relay.processes import CancelToken, ProcessSupervisor, WaitEnd
 from maka_eval.relay.steps import StepOutcome
 from maka_eval.relay.verifier import read_reward
+from maka_eval.sandbox import backends
+from maka_eval.sandbox.backends import SandboxRequest
 from maka_eval.sandbox.base import Layout, Network, Phase, Sandbox
 from maka_eval.sandbox.holders import NamespacePool, runtime_path
-from maka_eval.sandbox.process import interpreted, make_sandbox
+from maka_eval.sandbox.process import interpreted
 
 LOW_DISK_BYTES = 1 << 20
 """Below this much free space a file system counts as full: nothing an attempt wrote
@@ -311,27 +313,20 @@ class _Attempt:
             verifier_tmp=str(layout.verifier_tmp),
             evidence_dir=str(layout.evidence),
         )
-        network = self._network()
-        if plan.container is not None:
-            # Imported here: the relay bundle in a pod never runs containers.
-            from maka_eval.sandbox.container import ContainerSandbox
-
-            return ContainerSandbox(
-                self.supervisor,
-                plan.attempt_id,
-                sandbox_layout,
-                plan.container,
+        # The backend by registry: maka-eval's own (process, container) or an installed
+        # one the plan names (maka_eval.sandbox.backends).
+        return backends.load(plan.sandbox_kind).create(
+            SandboxRequest(
+                supervisor=self.supervisor,
+                attempt_id=plan.attempt_id,
+                layout=sandbox_layout,
+                isolation=plan.isolation,
+                network=self._network(),
+                container=plan.container,
                 task_id=plan.task_id,
                 labels={"cell-id": plan.cell_id, "run-id": plan.run_id},
-                network=network,
+                pool=self._pool,
             )
-        return make_sandbox(
-            Isolation(plan.isolation),
-            self.supervisor,
-            plan.attempt_id,
-            sandbox_layout,
-            network,
-            self._pool,
         )
 
     def _network(self) -> Network | None:

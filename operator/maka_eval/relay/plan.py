@@ -159,7 +159,11 @@ class AttemptPlan:
     folder) from this task directory when the relay starts: in a Pod the operator cannot
     see the task, only the relay can. The plan's timeouts are then the defaults."""
     container: ContainerPlan | None = None
-    """Set when isolation is 'container'."""
+    """Set when isolation is 'container'; for a registered backend (`sandbox`), when the
+    task ships an image."""
+    sandbox: str | None = None
+    """The sandbox backend's kind when the executor chose an installed one
+    (executor.config.sandbox); None: 'container' with a container plan, else 'process'."""
     egress: EgressPlan | None = None
     """Set when the cell's egress is policed (executor.config.egress mode 'proxy')."""
     metering: MeteringPlan | None = None
@@ -189,6 +193,8 @@ class AttemptPlan:
             del data["healthcheck"]
         if self.max_artifact_files is None:
             del data["max_artifact_files"]
+        if self.sandbox is None:
+            del data["sandbox"]
         if not self.artifacts:
             del data["artifacts"]
         return json.dumps(data, indent=2, sort_keys=True)
@@ -232,11 +238,20 @@ class AttemptPlan:
             raise PlanError("the relay plan has an empty subject.argv")
         if plan.step_reward_strategy not in ("mean", "final"):
             raise PlanError("the relay plan's step_reward_strategy must be 'mean' or 'final'")
-        if (plan.isolation is Isolation.CONTAINER) != (plan.container is not None):
+        if plan.sandbox is None and (plan.isolation is Isolation.CONTAINER) != (
+            plan.container is not None
+        ):
             raise PlanError(
                 "the relay plan needs 'container' exactly when isolation is 'container'"
             )
         return plan
+
+    @property
+    def sandbox_kind(self) -> str:
+        """The sandbox backend the relay makes (maka_eval.sandbox.backends)."""
+        if self.sandbox is not None:
+            return self.sandbox
+        return "container" if self.container is not None else "process"
 
 
 def with_task(

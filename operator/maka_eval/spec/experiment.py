@@ -138,7 +138,7 @@ class LocalExecutorConfig(SpecModel):
             "to tasks run as processes (sandbox)."
         ),
     )
-    sandbox: Literal["auto", "process", "container"] = Field(
+    sandbox: Id = Field(
         default="auto",
         description=(
             "Where each task runs. 'container': in the task's image (environment/"
@@ -147,7 +147,8 @@ class LocalExecutorConfig(SpecModel):
             "tasks without an image are refused. "
             "'process': as processes of this machine (tasks with an image are refused). "
             "'auto': a container for tasks that ship an image, when an engine answers; "
-            "processes for the others."
+            "processes for the others. Any other value names an installed sandbox backend "
+            "(entry-point group maka_eval.sandboxes), which runs every task."
         ),
     )
     egress: EgressConfig | None = Field(default=None, description=EGRESS_DESCRIPTION)
