@@ -213,7 +213,7 @@ def _record(
 def measure(run_dir: Path, out_dir: Path) -> dict[str, Any]:
     """Build and write the report, timing each phase (run in a fresh process)."""
     from maka_eval.analysis.page import render_page
-    from maka_eval.analysis.report import build_and_write_report
+    from maka_eval.analysis.report_files import build_and_write_report
     from maka_eval.analysis.source import RunDirectorySource
     from maka_eval.analysis.summary import summarize_source
 

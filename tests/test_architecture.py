@@ -18,6 +18,7 @@ in `LAYERS` below with a line saying why it sits there.
 from __future__ import annotations
 
 import ast
+import itertools
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -263,7 +264,7 @@ def test_no_module_imports_itself_through_others():
         loop = _loop_in(graph, set(component))
         report.append(
             f"import cycle among {len(component)} modules ({', '.join(component)}), e.g.:\n"
-            + "\n".join(f"    {where[a, b]}" for a, b in zip(loop, loop[1:], strict=False))
+            + "\n".join(f"    {where[a, b]}" for a, b in itertools.pairwise(loop))
         )
     assert not cycles, "\n".join(report)
 
