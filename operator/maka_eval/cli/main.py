@@ -45,7 +45,7 @@ from maka_eval.executors.attempts import (
 )
 from maka_eval.local.executor import LocalRun, RunOptions, RunReport
 from maka_eval.local.prerequisites import check_prerequisites, work_root_path
-from maka_eval.process_table import ProcessEntry
+from maka_eval.processes.table import ProcessEntry
 from maka_eval.spec.load import LoadedExperiment, load_experiment_file
 from maka_eval.spec.task_directory import TaskDefinition, load_tasks
 from maka_eval.store.lock import unlock

@@ -46,7 +46,7 @@ from maka_eval.harbor.worker import (
     probe,
     stage_bridge,
 )
-from maka_eval.process_table import RUN_MARKER
+from maka_eval.processes.table import RUN_MARKER
 from maka_eval.spec.experiment import Experiment
 from maka_eval.spec.subjects import MakaSubject, Subject
 

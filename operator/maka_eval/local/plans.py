@@ -10,12 +10,12 @@ from maka_eval.engine.launch import SOLUTION_DIR_NAME, subject_launch
 from maka_eval.local.prerequisites import RUNTIME_HOST, ResolvedCommands
 from maka_eval.relay.plan import (
     AttemptPlan,
-    ContainerPlan,
     EgressPlan,
     step_plans,
 )
 from maka_eval.sandbox.container import build_tag
 from maka_eval.sandbox.holders import SYSTEM_FOLDERS
+from maka_eval.sandbox.plans import ContainerPlan
 from maka_eval.spec.egress import policy_of
 from maka_eval.spec.experiment import Experiment
 from maka_eval.spec.subjects import ExternalSubject, MakaSubject, Subject

@@ -16,8 +16,8 @@ from enum import StrEnum
 from pathlib import Path
 from typing import IO, Protocol
 
-from maka_eval.relay.output import OutputCapture
-from maka_eval.relay.processes import CancelToken, WaitEnd
+from maka_eval.processes.output import OutputCapture
+from maka_eval.processes.supervisor import CancelToken, WaitEnd
 
 
 class Isolation(StrEnum):

@@ -33,7 +33,7 @@ from functools import cache
 from pathlib import Path
 
 from maka_eval import strict_json
-from maka_eval.relay.processes import ProcessSupervisor
+from maka_eval.processes.supervisor import ProcessSupervisor
 from maka_eval.sandbox.base import Layout, Network
 from maka_eval.sandbox.mounts import SlotTree
 
