@@ -54,7 +54,7 @@ from maka_eval.contract.kernel import ResultKernel
 from maka_eval.contract.record import AttemptRecord
 from maka_eval.engine.status import AttemptStatus, StatusSource, Trigger
 from maka_eval.engine.usage import Usage
-from maka_eval.spec.load import experiment_from_data
+from maka_eval.executors.load import experiment_from_data
 from maka_eval.store.ledger import LedgerWriter
 from maka_eval.store.run_store import AttemptSlot, RunIdentity, RunWriter, cell_path, read_run
 from maka_eval.store.seal import KEY_DIR_ENV, heads_dir, key_dir, seal_record, signing_key

@@ -24,7 +24,7 @@ from maka_eval.analysis.source import RunDirectorySource, WriterView
 from maka_eval.contract.record import AttemptRecord
 from maka_eval.engine.status import AttemptStatus
 from maka_eval.engine.usage import Usage
-from maka_eval.spec.load import experiment_from_data
+from maka_eval.executors.load import experiment_from_data
 from maka_eval.store.lock import LockInfo, LockState
 from maka_eval.store.records import run_document
 from maka_eval.store.run_store import RunIdentity, RunWriter

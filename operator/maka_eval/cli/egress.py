@@ -60,7 +60,7 @@ def describe_policy(policy: EgressPolicy) -> str:
 
 def _spec_policy(spec: Path) -> tuple[EgressPolicy | None, str]:
     """The policy of the experiment file `spec` (None: mode 'none'), and its description."""
-    from maka_eval.spec.load import load_experiment_file
+    from maka_eval.executors.load import load_experiment_file
 
     loaded = load_experiment_file(spec)
     prefix = "spec." if loaded.form == "kubernetes" else ""

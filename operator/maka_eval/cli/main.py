@@ -43,10 +43,11 @@ from maka_eval.executors.attempts import (
     plugin_of,
     readiness_problems,
 )
+from maka_eval.executors.load import load_experiment_file
 from maka_eval.local.executor import LocalRun, RunOptions, RunReport
 from maka_eval.local.prerequisites import check_prerequisites, work_root_path
 from maka_eval.processes.table import ProcessEntry
-from maka_eval.spec.load import LoadedExperiment, load_experiment_file
+from maka_eval.spec.load import LoadedExperiment
 from maka_eval.spec.task_directory import TaskDefinition, load_tasks
 from maka_eval.store.lock import unlock
 from maka_eval.store.run_store import read_run

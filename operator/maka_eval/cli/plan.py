@@ -105,7 +105,7 @@ def plan_command(
     from maka_eval.analysis.source import RunDirectorySource
     from maka_eval.cli.integrity import DIRECTORY_DAMAGE, summarize
     from maka_eval.engine.expand import expand
-    from maka_eval.spec.load import load_experiment_file
+    from maka_eval.executors.load import load_experiment_file
 
     _check_range(alpha, 0, 1, "--alpha", "the significance level is a probability")
     _check_range(power, 0, 1, "--power", "the power is a probability")

@@ -24,7 +24,7 @@ from typing import Any
 from maka_eval.artifacts import Redactor
 from maka_eval.contract.kernel import ResultKernel
 from maka_eval.engine.classify import ResultContract
-from maka_eval.engine.launch import SubjectLaunch, subject_launch
+from maka_eval.engine.launch import SubjectLaunch
 from maka_eval.errors import PrerequisiteError, Problem
 from maka_eval.executors.base import (
     CONFIG_PATH,
@@ -48,7 +48,7 @@ from maka_eval.harbor.worker import (
 )
 from maka_eval.processes.table import RUN_MARKER
 from maka_eval.spec.experiment import Experiment
-from maka_eval.spec.subjects import MakaSubject, Subject
+from maka_eval.spec.subjects import MakaSubject, Subject, subject_launch
 
 RELAY_AGENT = "maka_eval_harbor.agent:RelayAgent"
 TASK_CONFIG_KEYS = frozenset({"path", "name", "ref"})

@@ -39,6 +39,7 @@ from maka_eval.engine.reconcile import Decision, Policy, Request, decide
 from maka_eval.engine.selection import CellState, cell_state, select_result
 from maka_eval.engine.status import AttemptStatus, Trigger
 from maka_eval.errors import MakaEvalError, Problem
+from maka_eval.executors.load import experiment_from_data
 from maka_eval.k8s import names
 from maka_eval.k8s.cluster import AlreadyExists, Cluster, Rejected
 from maka_eval.k8s.egress import (
@@ -79,7 +80,6 @@ from maka_eval.k8s.results import (
 )
 from maka_eval.k8s.store import ExperimentView, Key, Store
 from maka_eval.spec.experiment import API_VERSION, Experiment, KubernetesExecutorConfig
-from maka_eval.spec.load import experiment_from_data
 
 log = logging.getLogger("maka_eval.operator")
 
