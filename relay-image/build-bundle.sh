@@ -39,6 +39,7 @@ fi
 "$PYTHON" -m PyInstaller --noconfirm --clean --log-level WARN \
   --onedir --name maka-relay --contents-directory _internal \
   --collect-submodules maka_eval.relay --collect-submodules maka_eval.sandbox \
+  --collect-submodules maka_eval.processes \
   --exclude-module tkinter \
   --distpath "$work/dist" --workpath "$work/build" --specpath "$work" \
   "$HERE/maka-relay.py" >&2 || die "PyInstaller failed"
