@@ -41,7 +41,9 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("processes",),
     # Pure semantics and its vocabulary (statuses, usage, result contracts, reserved
     # names, task settings): standard library only, carried by the relay bundle, so it
-    # can never need the pydantic spec at run time; it takes plain values.
+    # can never need the pydantic spec at run time; it takes plain values (a Protocol
+    # where it reads an experiment). Below the spec, which validates with that
+    # vocabulary: the one direction in which neither side needs a third package.
     ("engine",),
     # Formats over the engine's vocabulary, standard library only: the result kernel and
     # attempt record (contract), metered usage and prices (metering).
