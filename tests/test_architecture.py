@@ -34,8 +34,9 @@ SOURCE = Path(maka_eval.__file__).resolve().parent
 LAYERS: tuple[tuple[str, ...], ...] = (
     # Leaves: standard library only, nothing of ours. The package root holds only the
     # version; errors is the one user-error hierarchy; strict_json the one JSON reader;
-    # printable the escaping of untrusted text for terminals and pages.
-    ("maka_eval", "errors", "strict_json", "printable"),
+    # printable the escaping of untrusted text for terminals and pages; layout the
+    # host and in-sandbox paths and MAKA_EVAL_* names every layer agrees on.
+    ("maka_eval", "errors", "strict_json", "printable", "layout"),
     # Generic process tools over /proc and pipes (supervise, signal, capture output):
     # shared by the sandboxes, the relay, the store's lock and the local executor.
     ("processes",),

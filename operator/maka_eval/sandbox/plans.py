@@ -1,13 +1,16 @@
 """What a sandbox backend is asked to run in: plain, JSON-serializable settings.
 
 The relay's attempt plan (relay.plan) carries them and the sandbox acts on them, so
-they live here, below both. Standard library only: the relay reads them in a Pod.
+they live here, below both. Standard library and the engine's modes only: the relay
+reads them in a Pod.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+
+from maka_eval.engine.modes import NetworkMode
 
 
 @dataclass(frozen=True)
@@ -31,7 +34,7 @@ class ContainerPlan:
     memory_mb: int | None = None
     storage_mb: int | None = None
     gpus: int = 0
-    network: str = "public"
+    network: NetworkMode = NetworkMode.PUBLIC
     """Harbor's network_mode: 'public' (the engine's default network), 'no-network', or
     'allowlist' (the cell's policed namespace, whose proxy keeps the allowlist)."""
     env: Mapping[str, str] = field(default_factory=dict)
