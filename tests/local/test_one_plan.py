@@ -157,8 +157,6 @@ def test_the_fields_left_out_are_the_ones_that_differ(tmp_path: Path) -> None:
         for executor, plan in plans.items()
     }
     assert differing["pod"] - {"subject"} <= BY_NATURE
-    assert {"root", "artifacts_dir", "attempt_id", "isolation", "in_task_image"} <= differing[
-        "pod"
-    ]
+    assert {"root", "artifacts_dir", "attempt_id", "isolation", "in_task_image"} <= differing["pod"]
     assert differing["harbor"] - {"subject"} <= BY_NATURE
     assert {"root", "artifacts_dir", "isolation", "visible"} <= differing["harbor"]
