@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -19,9 +19,11 @@ from maka_eval.engine.expand import Cell
 from maka_eval.engine.status import AttemptStatus, StatusSource, Trigger
 from maka_eval.engine.usage import Usage
 from maka_eval.k8s import names
+from maka_eval.k8s.egress import SIDECAR_CONTAINER
 from maka_eval.k8s.events import EventReason, EventType
-from maka_eval.k8s.observe import FinishedAttempt, Observation, SeenCell, observe
+from maka_eval.k8s.observe import FinishedAttempt, Observation, SeenCell, endings, observe
 from maka_eval.k8s.resources import CellPhase, ExperimentPhase
+from maka_eval.k8s.results import EndCause
 from maka_eval.k8s.status import (
     EventWish,
     attempt_finished,
@@ -792,3 +794,82 @@ def test_observe_reads_attempts_cells_and_rerun_requests() -> None:
         SeenCell("cell-x", "x", 4, {"phase": "Done"}, "r" * 256),
         SeenCell("cell-y", "y", 1, {}, None),
     )
+
+
+def pod_status(**status: Any) -> dict[str, Any]:
+    return {
+        "metadata": {"name": "att-1", "creationTimestamp": "2026-12-02T12:00:00Z"},
+        "status": status,
+    }
+
+
+PULLING = pod_status(
+    phase="Pending",
+    containerStatuses=[{"name": "subject", "state": {"waiting": {"reason": "ErrImagePull"}}}],
+)
+SIDECAR_STUCK = pod_status(
+    phase="Pending",
+    startTime="2026-12-02T12:00:00Z",
+    initContainerStatuses=[
+        {"name": SIDECAR_CONTAINER, "restartCount": 1, "state": {"waiting": {}}}
+    ],
+)
+EXITED = pod_status(
+    phase="Failed",
+    startTime="2026-12-02T12:00:00Z",
+    containerStatuses=[
+        {"name": "subject", "state": {"terminated": {"exitCode": 139, "reason": "Error"}}}
+    ],
+)
+T0 = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
+
+# (pod or None, was the launch recorded, seconds since T0) -> (cause, delete, wake)
+ENDING_ROWS = {
+    "a running Pod": (pod_status(phase="Running"), True, 10, None, None, None),
+    "never created: resumed, not ended": (None, False, 10, None, None, None),
+    "created and gone": (None, True, 10, EndCause.POD_GONE, False, None),
+    "ended without a kernel": (EXITED, True, 10, EndCause.NO_RESULT, False, None),
+    "image not pulled yet": (PULLING, True, 20, None, None, 40.0),
+    "image not pulled by the deadline": (PULLING, True, 60, EndCause.IMAGE_PULL, True, None),
+    "sidecar still starting": (SIDECAR_STUCK, True, 100, None, None, 80.0),
+    "sidecar never started": (SIDECAR_STUCK, True, 180, EndCause.INIT_CONTAINER, True, None),
+}
+
+
+@pytest.mark.parametrize(
+    ("pod", "launch", "after", "cause", "delete", "wake"),
+    ENDING_ROWS.values(),
+    ids=ENDING_ROWS.keys(),
+)
+def test_endings(
+    pod: dict[str, Any] | None,
+    launch: bool,
+    after: float,
+    cause: EndCause | None,
+    delete: bool | None,
+    wake: float | None,
+) -> None:
+    view = ExperimentView()
+    view.attempts["att-1"] = attempt_object({"podName": "att-1"} if launch else {})
+    view.attempts["done"] = {**attempt_object({"result": {"status": "completed"}})}
+    if pod is not None:
+        view.pods["att-1"] = pod
+    ended, due = endings(view, 60.0, T0 + timedelta(seconds=after))
+    assert due == wake
+    assert [(e.cause, e.delete_pod) for e in ended] == ([(cause, delete)] if cause else [])
+    for end in ended:
+        assert end.attempt is view.attempts["att-1"]  # an attempt with a result never ends
+        assert end.kernel.status is AttemptStatus.INFRA_FAILED
+
+
+def test_a_pod_past_both_deadlines_ends_its_attempt_twice_and_the_first_stands() -> None:
+    """As before the split: the second result write is refused by the API server."""
+    both = pod_status(
+        **SIDECAR_STUCK["status"], containerStatuses=PULLING["status"]["containerStatuses"]
+    )
+    view = ExperimentView()
+    view.attempts["att-1"] = attempt_object({"podName": "att-1"})
+    view.pods["att-1"] = both
+    ended, due = endings(view, 60.0, T0 + timedelta(seconds=200))
+    assert [e.cause for e in ended] == [EndCause.IMAGE_PULL, EndCause.INIT_CONTAINER]
+    assert due is None

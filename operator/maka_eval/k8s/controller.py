@@ -1,8 +1,10 @@
 """One reconcile pass of one Experiment: observe -> decide -> act.
 
-The pass reads what the store has observed (watch events, never a periodic LIST), asks
-the engine's `decide()` what to start -- the same function the local executor calls --
-and carries it out with as few writes as the objects allow. Per attempt lifecycle:
+The pass reads what the store has observed (watch events, never a periodic LIST) into
+plain values (k8s/observe.py), asks the engine's `decide()` what to start -- the same
+function the local executor calls -- and carries it out with as few writes as the
+objects allow. What each status says is worked out apart from the writes, by the pure
+functions of k8s/status.py; this module only reads, calls them and writes. Per attempt lifecycle:
 create Attempt, NetworkPolicy and Pod (3; 4 with the egress proxy, whose credential is
 a Secret of the attempt), record in Attempt status that its Pod was created (1), lift
 the task group's scheduling gate (1, only for groups of two or more arms), write the
@@ -39,16 +41,13 @@ from maka_eval.errors import MakaEvalError, Problem
 from maka_eval.k8s import names
 from maka_eval.k8s.cluster import AlreadyExists, Cluster, Rejected
 from maka_eval.k8s.egress import (
-    SIDECAR_STARTUP_DEADLINE_SEC,
     GatewayAccess,
     GatewaySettings,
     gateway_access,
-    sidecar_not_started_reason,
-    sidecar_waiting_since,
 )
 from maka_eval.k8s.events import EventRecorder, Involved
 from maka_eval.k8s.metrics import OperatorMetrics
-from maka_eval.k8s.observe import FinishedAttempt, Observation, observe
+from maka_eval.k8s.observe import Ending, FinishedAttempt, Observation, endings, launched, observe
 from maka_eval.k8s.render import (
     ExperimentRef,
     attempt_object,
@@ -59,12 +58,8 @@ from maka_eval.k8s.render import (
 )
 from maka_eval.k8s.results import (
     EndCause,
-    image_pull_failed,
-    image_pull_waiting_since,
     infra_failure,
     parse_time,
-    pod_end,
-    pod_gone,
 )
 from maka_eval.k8s.status import (
     CellWrite,
@@ -93,11 +88,6 @@ operator needs no permission to list them)."""
 
 def _now() -> datetime:
     return datetime.now(UTC)
-
-
-def _launched(attempt: Mapping[str, Any]) -> bool:
-    """Whether the Attempt's status records that its Pod was created."""
-    return bool((attempt.get("status") or {}).get("podName"))
 
 
 def problems_text(problems: Sequence[Problem]) -> str:
@@ -317,53 +307,18 @@ class Controller:
         return self._kernels[cache_key]
 
     def _collect_results(self, view: ExperimentView, experiment: Experiment) -> float | None:
-        """Write the result of every attempt whose Pod has ended (or is gone)."""
+        """Write the result of every attempt whose Pod has ended (or is gone, or never
+        will end on its own: that Pod is deleted first); the seconds until the nearest
+        deadline of one that may still end."""
         config = experiment.spec.executor.config
         assert isinstance(config, KubernetesExecutorConfig)
-        now = self.clock()
-        wake: float | None = None
-        ended: list[tuple[dict[str, Any], ResultKernel, datetime | None, datetime, str]] = []
-        stuck: set[str] = set()  # attempts whose Pod would never end on its own: deleted
-        for name, attempt in view.attempts.items():
-            if (attempt.get("status") or {}).get("result"):
-                continue
-            pod = view.pods.get(name)
-            if pod is None:
-                if _launched(attempt):
-                    ended.append((attempt, pod_gone(), None, now, EndCause.POD_GONE))
-                continue
-            end = pod_end(pod, now)
-            if end is not None:
-                ended.append((attempt, end.kernel, end.started_at, end.finished_at, end.cause))
-                continue
-            waiting = image_pull_waiting_since(pod)
-            if waiting is not None:
-                waited = (now - waiting).total_seconds()
-                if waited >= config.image_pull_deadline_sec:
-                    failure = image_pull_failed(waited)
-                    ended.append((attempt, failure, None, now, EndCause.IMAGE_PULL))
-                else:
-                    due = config.image_pull_deadline_sec - waited
-                    wake = due if wake is None else min(wake, due)
-            starting = sidecar_waiting_since(pod)
-            if starting is not None:
-                waited = (now - starting).total_seconds()
-                if waited >= SIDECAR_STARTUP_DEADLINE_SEC:
-                    failure = infra_failure(sidecar_not_started_reason(waited), waited)
-                    stuck.add(name)
-                    ended.append((attempt, failure, None, now, EndCause.INIT_CONTAINER))
-                else:
-                    due = SIDECAR_STARTUP_DEADLINE_SEC - waited
-                    wake = due if wake is None else min(wake, due)
+        ended, wake = endings(view, config.image_pull_deadline_sec, self.clock())
 
-        def write(
-            item: tuple[dict[str, Any], ResultKernel, datetime | None, datetime, str],
-        ) -> None:
-            attempt, kernel, started, finished, cause = item
-            if cause == EndCause.IMAGE_PULL or attempt["metadata"]["name"] in stuck:
-                meta = attempt["metadata"]
+        def write(end: Ending) -> None:
+            if end.delete_pod:
+                meta = end.attempt["metadata"]
                 self.cluster.delete("Pod", meta["namespace"], meta["name"])
-            self._record(view, attempt, kernel, started, finished, cause)
+            self._record(view, end.attempt, end.kernel, end.started, end.finished, end.cause)
 
         list(self.pool.map(write, ended))
         return wake
@@ -558,7 +513,7 @@ class Controller:
         pending = [
             attempt
             for attempt in view.attempts.values()
-            if not (attempt.get("status") or {}).get("result") and not _launched(attempt)
+            if not (attempt.get("status") or {}).get("result") and not launched(attempt)
         ]
         if not pending:
             return
