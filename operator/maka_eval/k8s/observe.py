@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from maka_eval.contract.kernel import ResultKernel
+from maka_eval.contract.kernel import ResultKernel, infra_failure
 from maka_eval.engine.status import AttemptStatus, Trigger
 from maka_eval.k8s import names
 from maka_eval.k8s.egress import (
@@ -26,7 +26,6 @@ from maka_eval.k8s.results import (
     EndCause,
     image_pull_failed,
     image_pull_waiting_since,
-    infra_failure,
     pod_end,
     pod_gone,
 )
