@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from maka_eval.process_table import (
+from maka_eval.processes.table import (
     ATTEMPT_MARKER,
     RUN_MARKER,
     ProcessEntry,
@@ -153,7 +153,7 @@ def test_the_caller_and_its_shells_never_count(tmp_path):
     work = tmp_path / "work" / RUN
     work.mkdir(parents=True)
     code = (
-        "import os; from pathlib import Path; from maka_eval.process_table import run_processes;"
+        "import os; from pathlib import Path; from maka_eval.processes.table import run_processes;"
         f"print(os.getpid(), os.getppid(), [e.pid for e in run_processes({RUN!r}, Path.cwd())])"
     )
     out = subprocess.run(

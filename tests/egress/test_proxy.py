@@ -35,9 +35,9 @@ from maka_eval.metering.checkpoint import (
     read_checkpoint,
 )
 from maka_eval.metering.pricing import ModelPrice, Prices
+from maka_eval.processes.supervisor import CancelToken, ProcessSupervisor
 from maka_eval.relay.attempt import run_attempt
 from maka_eval.relay.plan import AttemptPlan, MeteringPlan
-from maka_eval.relay.processes import CancelToken, ProcessSupervisor
 from tests.egress.fake_provider import FakeProvider, make_tls
 from tests.helpers import make_task
 from tests.metering.provider_payloads import Reported

@@ -20,8 +20,8 @@ from maka_eval.errors import SpecError
 from maka_eval.executors import registry
 from maka_eval.executors.base import ENTRY_POINT_GROUP, ExecutorPlugin
 from maka_eval.executors.builtin import KubernetesBuiltin, LocalBuiltin
+from maka_eval.executors.load import experiment_from_data
 from maka_eval.spec.experiment import LocalExecutorConfig, PluginExecutor
-from maka_eval.spec.load import experiment_from_data
 from maka_eval.store.run_store import read_run
 from tests.helpers import spec
 

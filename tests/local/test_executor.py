@@ -17,7 +17,7 @@ from maka_eval.engine.selection import CellState
 from maka_eval.engine.status import AttemptStatus
 from maka_eval.errors import CellSelectionError, PrerequisiteError, StoreError
 from maka_eval.local.events import BudgetReached, RunStarted
-from maka_eval.relay.processes import CancelToken
+from maka_eval.processes.supervisor import CancelToken
 from maka_eval.store.run_store import artifact_path, read_run
 from tests.helpers import PLAIN_PROCESSES, REWARD_ONE, files_containing, spec, write_script
 

@@ -227,7 +227,7 @@ def test_no_sandbox_outlives_its_attempt(tmp_path):
     import subprocess
     import time
 
-    from maka_eval.relay.processes import CancelToken, ProcessSupervisor
+    from maka_eval.processes.supervisor import CancelToken, ProcessSupervisor
     from maka_eval.sandbox.base import Phase
     from maka_eval.sandbox.process import Namespaces
 

@@ -89,7 +89,8 @@ def test_a_container_plan_survives_json(plan_for):
 
     import pytest
 
-    from maka_eval.relay.plan import AttemptPlan, ContainerPlan, PlanError
+    from maka_eval.relay.plan import AttemptPlan, PlanError
+    from maka_eval.sandbox.plans import ContainerPlan
 
     container = ContainerPlan(
         engine="unix:///run/maka-eval/podman.sock",

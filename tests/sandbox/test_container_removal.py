@@ -123,7 +123,7 @@ class InspectingApi:
 
 
 def test_an_image_is_inspected_once_per_run(monkeypatch):
-    from maka_eval.relay.plan import ContainerPlan
+    from maka_eval.sandbox.plans import ContainerPlan
 
     api = InspectingApi()
     monkeypatch.setattr(container_backend, "client_for", lambda engine: FakeClient(api))
@@ -142,8 +142,8 @@ def test_an_image_is_inspected_once_per_run(monkeypatch):
 
 
 def _sandbox(tmp_path, engine, image, number):
-    from maka_eval.relay.plan import ContainerPlan
-    from maka_eval.relay.processes import ProcessSupervisor
+    from maka_eval.processes.supervisor import ProcessSupervisor
+    from maka_eval.sandbox.plans import ContainerPlan
 
     layout = sandbox_layout(tmp_path / f"attempt-{number}")
     return container_backend.ContainerSandbox(

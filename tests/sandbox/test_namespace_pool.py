@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from maka_eval.relay.processes import CancelToken, ProcessSupervisor
+from maka_eval.processes.supervisor import CancelToken, ProcessSupervisor
 from maka_eval.sandbox.base import Layout, Phase
 from maka_eval.sandbox.holders import NamespacePool
 from maka_eval.sandbox.mounts import SLOTS_ROOT, SlotTree, mounts_under

@@ -16,10 +16,10 @@ from typing import IO
 
 import pytest
 
-from maka_eval.relay.plan import ContainerPlan
 from maka_eval.sandbox import backends, selfcheck
 from maka_eval.sandbox.backends import SandboxLoadError, SandboxRequest
 from maka_eval.sandbox.base import Isolation, Phase
+from maka_eval.sandbox.plans import ContainerPlan
 from maka_eval.sandbox.process import BACKEND as PROCESS
 from maka_eval.sandbox.process import PlainProcesses, namespaces_unavailable
 

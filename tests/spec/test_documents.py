@@ -16,8 +16,8 @@ import yaml
 
 from maka_eval import strict_json
 from maka_eval.errors import SpecError
+from maka_eval.executors.load import load_experiment_file, load_experiment_text
 from maka_eval.spec import documents
-from maka_eval.spec.load import load_experiment_file, load_experiment_text
 from tests.helpers import spec
 
 MAKA_EVAL = Path(sys.executable).with_name("maka-eval")
@@ -79,7 +79,7 @@ def test_an_alias_bomb_is_refused_quickly_in_bounded_memory(tmp_path):
         "import resource, sys\n"
         "resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))\n"
         "from maka_eval.errors import SpecError\n"
-        "from maka_eval.spec.load import load_experiment_file\n"
+        "from maka_eval.executors.load import load_experiment_file\n"
         "try:\n"
         f"    load_experiment_file({str(path)!r})\n"
         "except SpecError as exc:\n"
@@ -127,7 +127,7 @@ def test_a_fifo_is_refused_without_blocking(tmp_path):
     os.mkfifo(fifo)
     code = (
         "from maka_eval.errors import SpecError\n"
-        "from maka_eval.spec.load import load_experiment_file\n"
+        "from maka_eval.executors.load import load_experiment_file\n"
         "try:\n"
         f"    load_experiment_file({str(fifo)!r})\n"
         "except SpecError as exc:\n"

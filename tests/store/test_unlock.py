@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from maka_eval.errors import StoreError
-from maka_eval.process_table import ATTEMPT_MARKER, RUN_MARKER, stat
+from maka_eval.processes.table import ATTEMPT_MARKER, RUN_MARKER, stat
 from maka_eval.store.lock import LOCK_NAME, LockState, inspect_lock, unlock
 from maka_eval.store.run_store import RunWriter
 from tests.store.test_run_store import IDENTITY

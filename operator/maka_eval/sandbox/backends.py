@@ -30,9 +30,9 @@ from maka_eval.engine.modes import Isolation
 from maka_eval.sandbox.base import Layout, Network, Sandbox
 
 if TYPE_CHECKING:
-    from maka_eval.relay.plan import ContainerPlan
-    from maka_eval.relay.processes import ProcessSupervisor
+    from maka_eval.processes.supervisor import ProcessSupervisor
     from maka_eval.sandbox.holders import NamespacePool
+    from maka_eval.sandbox.plans import ContainerPlan
 
 ENTRY_POINT_GROUP = "maka_eval.sandboxes"
 """The Python entry-point group sandbox backends register in."""

@@ -19,11 +19,11 @@ from typing import IO, TYPE_CHECKING, Protocol
 
 from maka_eval import layout
 from maka_eval.engine.modes import Isolation
-from maka_eval.relay.output import OutputCapture
-from maka_eval.relay.processes import CancelToken, WaitEnd
+from maka_eval.processes.output import OutputCapture
+from maka_eval.processes.supervisor import CancelToken, WaitEnd
 
 if TYPE_CHECKING:
-    from maka_eval.relay.processes import ProcessSupervisor
+    from maka_eval.processes.supervisor import ProcessSupervisor
 
 
 class Phase(StrEnum):

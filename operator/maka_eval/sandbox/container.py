@@ -74,14 +74,14 @@ from typing import IO, TYPE_CHECKING, Any
 
 from maka_eval import strict_json
 from maka_eval.engine.modes import Isolation, NetworkMode
-from maka_eval.relay.output import OutputCapture
-from maka_eval.relay.plan import ContainerPlan
-from maka_eval.relay.processes import MARKER_VARIABLE as ATTEMPT_MARKER
-from maka_eval.relay.processes import CancelToken, ProcessSupervisor, WaitEnd
+from maka_eval.processes.output import OutputCapture
+from maka_eval.processes.supervisor import MARKER_VARIABLE as ATTEMPT_MARKER
+from maka_eval.processes.supervisor import CancelToken, ProcessSupervisor, WaitEnd
 from maka_eval.sandbox import changes, toolbox
 from maka_eval.sandbox import exec as exec_helper
 from maka_eval.sandbox.base import Layout, Network, Phase, mapped
 from maka_eval.sandbox.ldcache import CacheError, read_cache
+from maka_eval.sandbox.plans import ContainerPlan
 
 ENGINE_SOCKETS = (
     "unix:///run/maka-eval/podman.sock",

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from maka_eval.engine.modes import Isolation
-from maka_eval.relay.processes import MARKER_VARIABLE, CancelToken, ProcessSupervisor, WaitEnd
+from maka_eval.processes.supervisor import MARKER_VARIABLE, CancelToken, ProcessSupervisor, WaitEnd
 from maka_eval.sandbox.backends import SandboxBackend, SandboxRequest, load
 from maka_eval.sandbox.base import Layout, Phase, Sandbox
 
@@ -508,8 +508,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     def customize(request: SandboxRequest) -> SandboxRequest:
         request = replace(request, isolation=Isolation(args.isolation))
         if args.image:
-            from maka_eval.relay.plan import ContainerPlan
             from maka_eval.sandbox.container import engine_info
+            from maka_eval.sandbox.plans import ContainerPlan
 
             engine = args.engine
             if engine is None:
