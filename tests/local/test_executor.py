@@ -314,7 +314,7 @@ def test_the_container_sandbox_refuses_tasks_without_an_image(setup):
 )
 def test_what_the_container_sandbox_cannot_do_is_refused(setup, monkeypatch, files, toml, message):
     from maka_eval.local import prerequisites
-    from maka_eval.sandbox.container import EngineInfo, EngineProbe
+    from maka_eval.sandbox.container.engine import EngineInfo, EngineProbe
 
     engine = EngineInfo("unix:///fake.sock", "Podman", "4.3.1", "1.41", gpus=False)
     monkeypatch.setattr(prerequisites, "engine_info", lambda env: EngineProbe(engine, ()))
@@ -326,7 +326,7 @@ def test_what_the_container_sandbox_cannot_do_is_refused(setup, monkeypatch, fil
 def test_an_allowlist_needs_a_proxy_the_engine_can_put_a_container_behind(setup, monkeypatch):
     # Only Podman joins a namespace by path; on Docker the allowlist could not be kept.
     from maka_eval.local import prerequisites
-    from maka_eval.sandbox.container import EngineInfo, EngineProbe
+    from maka_eval.sandbox.container.engine import EngineInfo, EngineProbe
 
     engine = EngineInfo("unix:///fake.sock", "Docker", "27.0", "1.46", gpus=False)
     monkeypatch.setattr(prerequisites, "engine_info", lambda env: EngineProbe(engine, ()))

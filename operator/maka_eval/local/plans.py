@@ -14,7 +14,7 @@ from maka_eval.relay.plan import (
     EgressPlan,
     step_plans,
 )
-from maka_eval.sandbox.container import build_tag
+from maka_eval.sandbox.container.images import build_tag
 from maka_eval.sandbox.holders import SYSTEM_FOLDERS
 from maka_eval.spec.egress import policy_of
 from maka_eval.spec.experiment import Experiment

@@ -315,7 +315,7 @@ class _Attempt:
         network = self._network()
         if plan.container is not None:
             # Imported here: the relay bundle in a pod never runs containers.
-            from maka_eval.sandbox.container import ContainerSandbox
+            from maka_eval.sandbox.container.sandbox import ContainerSandbox
 
             return ContainerSandbox(
                 self.supervisor,
