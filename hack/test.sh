@@ -29,6 +29,11 @@ if [ "$(id -u)" = 0 ] && [ -n "$toolbox_debs" ]; then
     apt-get install -y -q $toolbox_debs >/dev/null 2>&1 \
         || { apt-get update -q >/dev/null && apt-get install -y -q $toolbox_debs >/dev/null; }
 fi
+if [ "$(id -u)" = 0 ] && ! command -v shellcheck >/dev/null; then
+    # The container sandbox's shell programs are linted (tests/sandbox/test_shell_programs.py).
+    apt-get install -y -q shellcheck >/dev/null 2>&1 \
+        || { apt-get update -q >/dev/null && apt-get install -y -q shellcheck >/dev/null; }
+fi
 if [ "$(id -u)" = 0 ] && ! command -v chromium >/dev/null; then
     # The report's plots are checked in a real browser (headless Chromium).
     apt-get install -y -q chromium >/dev/null 2>&1 \
