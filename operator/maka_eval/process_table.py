@@ -21,9 +21,11 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from maka_eval import layout
+
 HAS_PROC = os.path.isdir("/proc/self")
-ATTEMPT_MARKER = "MAKA_EVAL_ATTEMPT_ID"
-RUN_MARKER = "MAKA_EVAL_RUN_ID"
+ATTEMPT_MARKER = layout.ATTEMPT_ID_ENV
+RUN_MARKER = layout.RUN_ID_ENV
 # A process stopped by a signal (SIGSTOP: a writer that died while quiescing) or by a
 # tracer; either way it runs no more until continued, but it is not gone.
 FROZEN_STATES = frozenset({"T", "t"})

@@ -28,7 +28,7 @@ from maka_eval.k8s.egress import (
 from maka_eval.k8s.render import attempt_plan, executor_config
 from maka_eval.relay.__main__ import EXIT_BAD_PLAN
 from maka_eval.relay.__main__ import main as relay_main
-from maka_eval.relay.plan import OWN_NETWORK, AttemptPlan, with_task_settings
+from maka_eval.relay.plan import OWN_NETWORK, AttemptPlan, with_task_dir
 from maka_eval.spec.load import experiment_from_data
 from tests.helpers import make_task
 from tests.k8s.conftest import NODE_NAME, REPO
@@ -156,11 +156,9 @@ def _pod_plan(tmp_path: Path, toml: str | None) -> AttemptPlan:
 
 
 def test_a_task_that_allows_no_network_leaves_the_pods_network(tmp_path: Path) -> None:
-    public = with_task_settings(_pod_plan(tmp_path / "a", None))
+    public = with_task_dir(_pod_plan(tmp_path / "a", None))
     assert public.egress is not None and public.egress.namespace == OWN_NETWORK
-    closed = with_task_settings(
-        _pod_plan(tmp_path / "b", "[environment]\nallow_internet = false\n")
-    )
+    closed = with_task_dir(_pod_plan(tmp_path / "b", "[environment]\nallow_internet = false\n"))
     assert closed.egress is None  # namespaces isolation: an empty network namespace
 
 

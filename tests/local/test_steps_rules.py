@@ -8,8 +8,9 @@ import pytest
 
 from maka_eval.engine.classify import Execution, ExecutionEnd, ResultContract, Verification
 from maka_eval.engine.launch import SubjectLaunch
+from maka_eval.engine.task_settings import step_plans
 from maka_eval.relay import steps
-from maka_eval.relay.plan import AttemptPlan, PlanError, step_plans
+from maka_eval.relay.plan import AttemptPlan, PlanError
 from maka_eval.relay.steps import StepOutcome
 from maka_eval.spec.task_directory import load_task
 

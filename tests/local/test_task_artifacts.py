@@ -160,3 +160,36 @@ def test_a_folder_of_many_files_yields_a_bounded_list(setup):
     assert f"only the first {MAX_TASK_ARTIFACT_FILES} files were kept" in " ".join(
         record.result.notes
     )
+
+
+@needs_namespaces
+def test_max_artifact_files_keeps_the_first_and_names_the_rest(setup):
+    # execution.maxArtifactFiles caps the files one attempt keeps: the subject's
+    # streams and the verifier's reward come first, the task's artifacts after them.
+    subject = {
+        "id": "maker",
+        "kind": "external",
+        "config": {"command": "sh", "args": ["-c", MAKER + "echo said; echo warned >&2\n"]},
+    }
+    s = setup(
+        spec(
+            subjects=[subject],
+            executor={"kind": "local", "config": {"isolation": "namespaces", "sandbox": "process"}},
+            execution={"maxConcurrentTaskGroups": 1, "maxInfraRetries": 0, "maxArtifactFiles": 3},
+        ),
+        {"t1": {"toml": TOML, "test_sh": REWARD_ONE}},
+    )
+    s.run()
+    (record,) = read_run(s.run_dir).attempts("t1::1::maker")
+    assert record.status is S.COMPLETED, record.result.reason
+    names = [a.name for a in record.result.artifacts]
+    assert len(names) == 3, names
+    assert "verifier/reward.txt" in names
+    assert not any(n.startswith("artifacts/") for n in names), names
+    (note,) = [n for n in record.result.notes if "maxArtifactFiles" in n]
+    # 5 task artifacts and /logs/agent's 2 files: 7 in all, each named.
+    assert note.startswith("execution.maxArtifactFiles is 3: 7 artifact file(s) not kept:")
+    assert note.endswith("agent/trace/t.tmp")
+    assert "artifacts/r/report.txt" in note
+    for name in names:
+        assert artifact_path(s.run_dir, record, name).is_file()

@@ -14,7 +14,8 @@ from pathlib import Path
 from maka_eval.contract.kernel import ResultKernel
 from maka_eval.engine.environment import Healthcheck
 from maka_eval.engine.status import AttemptStatus
-from maka_eval.relay.plan import AttemptPlan, StepPlan
+from maka_eval.engine.task_settings import StepPlan
+from maka_eval.relay.plan import AttemptPlan
 from tests.relay.conftest import sh
 
 LIGHT = ("pydantic", "typer", "rich", "yaml", "click", "docker", "requests")

@@ -431,3 +431,35 @@ def check(kernel: ResultKernel) -> None:
         raise ContractError(f"notes: at most {MAX_NOTES}, each at most {NOTE_LIMIT} characters")
     if kernel.artifacts_omitted < 0:
         raise ContractError("artifactsOmitted: must be at least 0")
+
+
+def failure_kernel(
+    status: AttemptStatus,
+    reason: str,
+    duration_sec: float = 0.0,
+    artifacts: tuple[ArtifactEntry, ...] = (),
+) -> ResultKernel:
+    """The one constructor of a kernel without a score: `infra_failed` (retried) or
+    `cancelled` (run again on resume), its reason cut to the kernel's bound."""
+    if status.is_result:
+        raise ValueError("a failure kernel has no score: use ResultKernel for results")
+    source = (
+        StatusSource.CANCELLATION
+        if status is AttemptStatus.CANCELLED
+        else StatusSource.INFRASTRUCTURE
+    )
+    return ResultKernel(
+        status=status,
+        score=None,
+        usage=None,
+        cost_usd=None,
+        duration_sec=max(0.0, duration_sec),
+        artifacts=tuple(artifacts),
+        status_source=source,
+        reason=reason[:REASON_LIMIT],
+    )
+
+
+def infra_failure(reason: str, duration_sec: float = 0.0) -> ResultKernel:
+    """The kernel of an attempt that produced no result because of the infrastructure."""
+    return failure_kernel(AttemptStatus.INFRA_FAILED, reason, duration_sec)

@@ -24,7 +24,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from maka_eval import __version__
+from maka_eval import __version__, layout
 from maka_eval.artifacts import Redactor, digest_file
 from maka_eval.contract.fields import ContractError
 from maka_eval.contract.kernel import ResultKernel
@@ -348,7 +348,7 @@ class PluginAttempts:
         launch = launch_of(subject, definition)
         credentials = self.credentials(launch, subject)
         redactor = Redactor.of(credentials)
-        attempt_id = f"{writer.run_id}/{cell.id}/{slot.number}"
+        attempt_id = layout.attempt_id(writer.run_id, cell.id, slot.number)
         start_gate = _Gate(gate)
         assert self.hub is not None, "prepare() comes first"
         cancel = self.hub.attempt()

@@ -47,11 +47,12 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel
 
-from maka_eval.contract.kernel import ArtifactEntry, ResultKernel
+from maka_eval.contract.kernel import ArtifactEntry, ResultKernel, failure_kernel
 from maka_eval.engine.expand import Cell
 from maka_eval.engine.launch import SubjectLaunch
 from maka_eval.engine.status import AttemptStatus, StatusSource
 from maka_eval.errors import Problem
+from maka_eval.layout import DEFAULT_AGENT_TIMEOUT_SEC, DEFAULT_VERIFIER_TIMEOUT_SEC
 
 if TYPE_CHECKING:
     from maka_eval.spec.experiment import Experiment
@@ -101,9 +102,9 @@ class TaskInput:
     directory: Path | None = None
     """The task's Harbor-format directory (instruction.md, tests/, environment/,
     solution/) when the benchmark has one, resolved on this machine."""
-    agent_timeout_sec: float = 900.0
+    agent_timeout_sec: float = DEFAULT_AGENT_TIMEOUT_SEC
     """The subject's time limit: task.toml's, else `execution.defaultTimeouts.agentSec`."""
-    verifier_timeout_sec: float = 600.0
+    verifier_timeout_sec: float = DEFAULT_VERIFIER_TIMEOUT_SEC
     """The verifier's time limit: task.toml's, else `execution.defaultTimeouts.verifierSec`."""
 
 
@@ -233,33 +234,6 @@ def artifact_entry(artifacts_dir: Path, name: str) -> ArtifactEntry:
 
     digest = digest_file(artifacts_dir / name)
     return ArtifactEntry(name=name, bytes=digest.bytes, sha256=digest.sha256)
-
-
-def failure_kernel(
-    status: AttemptStatus,
-    reason: str,
-    duration_sec: float = 0.0,
-    artifacts: Sequence[ArtifactEntry] = (),
-) -> ResultKernel:
-    """A kernel for an attempt that has no score: `infra_failed` (retried) or
-    `cancelled` (run again on resume)."""
-    if status.is_result:
-        raise ValueError("a failure kernel has no score: use ResultKernel for results")
-    source = (
-        StatusSource.CANCELLATION
-        if status is AttemptStatus.CANCELLED
-        else StatusSource.INFRASTRUCTURE
-    )
-    return ResultKernel(
-        status=status,
-        score=None,
-        usage=None,
-        cost_usd=None,
-        duration_sec=max(0.0, duration_sec),
-        artifacts=tuple(artifacts),
-        status_source=source,
-        reason=reason[:400],
-    )
 
 
 __all__ = [

@@ -32,7 +32,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from maka_eval.contract.fields import ContractError
-from maka_eval.contract.kernel import ResultKernel
+from maka_eval.contract.kernel import ResultKernel, infra_failure
 from maka_eval.engine.budget import BudgetState, budget_state
 from maka_eval.engine.expand import Cell, Expansion, expand
 from maka_eval.engine.reconcile import Decision, Policy, Request, decide
@@ -72,7 +72,6 @@ from maka_eval.k8s.results import (
     EndCause,
     image_pull_failed,
     image_pull_waiting_since,
-    infra_failure,
     parse_time,
     pod_end,
     pod_gone,

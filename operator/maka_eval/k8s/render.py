@@ -47,11 +47,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from maka_eval import layout
 from maka_eval.egress import sidecar
 from maka_eval.egress.policy import EgressPolicy
 from maka_eval.engine.expand import Cell
 from maka_eval.engine.launch import SOLUTION_DIR_NAME, subject_launch
+from maka_eval.engine.modes import Isolation
 from maka_eval.engine.status import Trigger
+from maka_eval.executors.plan import plan_attempt
 from maka_eval.k8s import names, relay_bundle
 from maka_eval.k8s.crds import VERSION
 from maka_eval.k8s.egress import GatewayAccess, GatewayRoute
@@ -165,11 +168,6 @@ def cell_object(ref: ExperimentRef, cell: Cell) -> dict[str, Any]:
     }
 
 
-def attempt_id(experiment_uid: str, cell_id: str, number: int) -> str:
-    """Unique across clusters and runs: the Experiment's uid names the run."""
-    return f"{experiment_uid}/{cell_id}/{number}"
-
-
 def attempt_object(
     ref: ExperimentRef,
     cell: Cell,
@@ -186,7 +184,7 @@ def attempt_object(
         "cellId": cell.id,
         "number": number,
         "trigger": trigger.value,
-        "attemptId": attempt_id(ref.uid, cell.id, number),
+        "attemptId": layout.attempt_id(ref.uid, cell.id, number),
     }
     if request is not None:
         spec["request"] = request
@@ -247,7 +245,6 @@ def attempt_plan(
         solution_script=f"{root}/{SOLUTION_DIR_NAME}/solve.sh",
         solution_env={},
     )
-    defaults = spec.execution.default_timeouts
     policy = policy_of(config.egress)
     egress = (
         EgressPlan(
@@ -273,31 +270,23 @@ def attempt_plan(
         if policy is not None
         else None
     )
-    return AttemptPlan(
-        attempt_id=attempt_uid_id,
+    return plan_attempt(
+        experiment,
+        cell,
         run_id=experiment.id,
-        cell_id=cell.id,
-        task_id=cell.task_id,
-        repetition=cell.repetition,
-        subject_id=cell.subject_id,
+        attempt_id=attempt_uid_id,
         root=root,
         artifacts_dir=ARTIFACTS_DIR,
-        instruction_file=f"{task_dir}/instruction.md",
-        tests_dir=f"{task_dir}/tests",
-        environment_dir=None,
         subject=launch,
-        agent_timeout_sec=defaults.agent_sec,
-        verifier_timeout_sec=defaults.verifier_sec,
-        score_key=spec.verifier.config.score_key,
-        redact=tuple(dict.fromkeys(c for s in spec.subjects for c in s.credentials)),
-        output_limit_bytes=spec.execution.max_output_bytes,
-        isolation="auto",
+        isolation=Isolation.AUTO,
+        # The operator cannot see the task: the relay applies its settings in the Pod.
+        task=None,
+        task_dir=task_dir,
         hidden=(BENCHMARK_DIR, RESULT_TOKEN_DIR) if policy is not None else (BENCHMARK_DIR,),
         visible=(launch.argv[0].rsplit("/", 1)[0],)
         if launch.argv[0].startswith(BENCHMARK_DIR)
         else (),
         in_task_image=True,
-        task_dir=task_dir,
         egress=egress,
         metering=metering,
     )

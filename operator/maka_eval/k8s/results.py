@@ -25,8 +25,7 @@ from enum import StrEnum
 from typing import Any
 
 from maka_eval.contract.fields import ContractError
-from maka_eval.contract.kernel import REASON_LIMIT, ResultKernel
-from maka_eval.engine.status import AttemptStatus, StatusSource
+from maka_eval.contract.kernel import ResultKernel, infra_failure
 from maka_eval.k8s.render import SUBJECT_CONTAINER
 
 IMAGE_PULL_WAITING = frozenset(
@@ -68,20 +67,6 @@ def parse_time(value: Any) -> datetime | None:
         return datetime.fromisoformat(value.replace("Z", "+00:00"))
     except ValueError:
         return None
-
-
-def infra_failure(reason: str, duration_sec: float = 0.0) -> ResultKernel:
-    """The kernel of an attempt that produced no result because of the infrastructure."""
-    return ResultKernel(
-        status=AttemptStatus.INFRA_FAILED,
-        score=None,
-        usage=None,
-        cost_usd=None,
-        duration_sec=max(0.0, duration_sec),
-        artifacts=(),
-        status_source=StatusSource.INFRASTRUCTURE,
-        reason=reason[:REASON_LIMIT],
-    )
 
 
 def _container(statuses: Any, name: str) -> Mapping[str, Any] | None:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from maka_eval import __version__
+from maka_eval import __version__, layout
 from maka_eval.artifacts import Redactor, digest_file
 from maka_eval.contract.kernel import MAX_KERNEL_BYTES, ResultKernel
 from maka_eval.contract.record import AttemptRecord
@@ -40,6 +40,7 @@ from maka_eval.engine.classify import (
     classify,
 )
 from maka_eval.engine.expand import expand
+from maka_eval.engine.modes import Isolation, verifier_uses_proxy
 from maka_eval.engine.reconcile import (
     GROUP_START_TIMEOUT_SEC,
     AttemptView,
@@ -244,7 +245,7 @@ class LocalRun:
                     "this experiment cannot run here; nothing was started:", unready
                 )
             self._commands = check_prerequisites(self.loaded, self.tasks, self.host_env)
-            if self._commands.isolation == "namespaces":
+            if self._commands.isolation is Isolation.NAMESPACES:
                 # The sandboxes' /etc, copied once, now rather than in a first attempt.
                 etc_view()
             digests = program_digests(self.loaded, self._commands)
@@ -499,7 +500,7 @@ class LocalRun:
         slot = writer.reserve(cell.task_id, cell.repetition, cell.subject_id)
         # One flat folder per attempt, named by its cell (one mkdir, not four).
         attempt_root = work / f"{cell.task_id}__{cell.repetition}__{cell.subject_id}__{slot.number}"
-        attempt_id = f"{writer.run_id}/{cell.id}/{slot.number}"
+        attempt_id = layout.attempt_id(writer.run_id, cell.id, slot.number)
         task = self.tasks[cell.task_id]
         self.events(AttemptStarted(cell.id, cell.subject_id, slot.number))
         egress: CellEgress | None = None
@@ -531,7 +532,7 @@ class LocalRun:
                 artifacts_dir=slot.artifacts_dir,
                 hidden=self._hidden,
                 egress=(
-                    egress.plan(verifier_uses_proxy=task.network_mode == "allowlist")
+                    egress.plan(verifier_uses_proxy=verifier_uses_proxy(task.network_mode))
                     if egress is not None
                     else None
                 ),

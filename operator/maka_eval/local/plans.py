@@ -7,13 +7,11 @@ from pathlib import Path
 from maka_eval.egress.policy import EgressPolicy
 from maka_eval.engine.expand import Cell
 from maka_eval.engine.launch import SOLUTION_DIR_NAME, subject_launch
+from maka_eval.engine.modes import EgressMode, Isolation, NetworkMode, container_network
+from maka_eval.engine.modes import egress_mode as decide_egress
+from maka_eval.executors.plan import plan_attempt
 from maka_eval.local.prerequisites import RUNTIME_HOST, ResolvedCommands
-from maka_eval.relay.plan import (
-    AttemptPlan,
-    ContainerPlan,
-    EgressPlan,
-    step_plans,
-)
+from maka_eval.relay.plan import AttemptPlan, ContainerPlan, EgressPlan
 from maka_eval.sandbox.container.images import build_tag
 from maka_eval.sandbox.holders import SYSTEM_FOLDERS
 from maka_eval.spec.egress import policy_of
@@ -39,7 +37,6 @@ def attempt_plan(
     when `egress_mode` says 'proxy' (without it, such a cell gets no network at all)."""
     spec = experiment.spec
     subject = experiment.subject(cell.subject_id)
-    defaults = spec.execution.default_timeouts
     host = spec.runtime_host
     in_container = task.id in commands.containers
     program = commands.subjects.get(subject.id)
@@ -62,53 +59,35 @@ def attempt_plan(
         solution_script=str(attempt_root / SOLUTION_DIR_NAME / "solve.sh"),
         solution_env=task.solution_env,
     )
+    config = spec.executor_egress
+    spec_egress = EgressMode(config.mode) if config is not None else None
     mode = egress_mode(experiment, task)
     container = (
         _container_plan(
             task,
             commands,
             upload,
-            network="no-network" if mode is not None and egress is None else task.network_mode,
+            network=container_network(mode, egress is not None, task.network_mode),
         )
         if in_container and commands.engine is not None
         else None
     )
-    agent_timeout = task.agent_timeout_sec or defaults.agent_sec
-    verifier_timeout = task.verifier_timeout_sec or defaults.verifier_sec
-    return AttemptPlan(
-        attempt_id=attempt_id,
+    return plan_attempt(
+        experiment,
+        cell,
         run_id=run_id,
-        cell_id=cell.id,
-        task_id=cell.task_id,
-        repetition=cell.repetition,
-        subject_id=cell.subject_id,
+        attempt_id=attempt_id,
         root=str(attempt_root),
         artifacts_dir=str(artifacts_dir),
-        instruction_file=str(task.instruction_file),
-        tests_dir=str(task.tests_dir),
-        # In a container the image is the environment; environment/ files are uploaded
-        # into the workdir only when no Dockerfile built them in (as Harbor does).
-        environment_dir=(
-            str(task.environment_dir)
-            if task.environment_dir and not (container and task.image_build_file)
-            else None
-        ),
         subject=launch,
-        agent_timeout_sec=agent_timeout,
-        verifier_timeout_sec=verifier_timeout,
-        steps=step_plans(task, agent_timeout, verifier_timeout),
-        healthcheck=task.healthcheck,
-        artifacts=task.artifacts,
-        step_reward_strategy=task.step_reward_strategy,
-        verifier_env=dict(task.verifier_env),
-        score_key=spec.verifier.config.score_key,
-        redact=tuple(dict.fromkeys(c for s in spec.subjects for c in s.credentials)),
-        output_limit_bytes=spec.execution.max_output_bytes,
-        isolation="container" if container is not None else commands.isolation,
+        isolation=Isolation.CONTAINER if container is not None else commands.isolation,
+        task=task,
+        task_dir=str(task.root),
+        spec_egress=spec_egress,
         hidden=hidden,
         visible=program_view(launch.argv[0], hidden, spelled),
         container=container,
-        egress=egress if mode == "proxy" else None,
+        egress=egress,
     )
 
 
@@ -141,18 +120,12 @@ def _under(path: str, folder: str) -> bool:
     return path == folder or path.startswith(folder.rstrip("/") + "/")
 
 
-def egress_mode(experiment: Experiment, task: TaskDefinition) -> str | None:
-    """How the cells of `task` reach the network under executor.config.egress: 'proxy'
-    (a policed namespace), 'none' (loopback only) or None (no policy declared). A task
-    whose task.toml says allow_internet = false gets 'none', whatever the spec says; one
-    whose network_mode is 'allowlist' is policed by the proxy, with or without a spec
-    policy (unless the spec allows no network at all)."""
+def egress_mode(experiment: Experiment, task: TaskDefinition) -> EgressMode | None:
+    """How the cells of `task` reach the network under executor.config.egress
+    (engine.modes.egress_mode): PROXY (a policed namespace), NONE (loopback only) or
+    None (no policy declared)."""
     config = experiment.spec.executor_egress
-    if task.network_mode == "allowlist":
-        return "none" if config is not None and config.mode == "none" else "proxy"
-    if config is None:
-        return None
-    return "none" if task.network_mode == "no-network" else config.mode
+    return decide_egress(config.mode if config is not None else None, task.network_mode)
 
 
 def egress_policy(
@@ -161,10 +134,10 @@ def egress_policy(
     """The policy the proxy of a cell of `task` enforces (None: no proxy): the spec's
     blocklist (`spec_policy`, when already compiled), and for an 'allowlist' task its
     allowed_hosts on top."""
-    if egress_mode(experiment, task) != "proxy":
+    if egress_mode(experiment, task) is not EgressMode.PROXY:
         return None
     config = experiment.spec.executor_egress
-    if task.network_mode != "allowlist":
+    if task.network_mode is not NetworkMode.ALLOWLIST:
         return spec_policy or policy_of(config)
     if config is None:
         return EgressPolicy("none", (), task.allowed_hosts)
@@ -181,7 +154,7 @@ def _named_command(subject: Subject, runtime_host: str | None) -> str | None:
 
 
 def _container_plan(
-    task: TaskDefinition, commands: ResolvedCommands, program: str | None, network: str
+    task: TaskDefinition, commands: ResolvedCommands, program: str | None, network: NetworkMode
 ) -> ContainerPlan:
     """How the task's container is made: its image, and task.toml's settings."""
     assert commands.engine is not None

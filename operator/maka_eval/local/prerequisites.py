@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from maka_eval.egress.proxy import mitmdump_path
+from maka_eval.engine.modes import Isolation, NetworkMode, needs_policing
 from maka_eval.errors import PrerequisiteError, Problem
 from maka_eval.local.netns import enforcement_unavailable
 from maka_eval.sandbox.container.engine import EngineInfo, engine_info
@@ -49,13 +50,15 @@ def resolve_command(command: str, base_dir: Path, path_env: str | None) -> Path 
     return Path(found) if found else None
 
 
-def _command_problem(command: str, where: str, base_dir: Path, isolation: str = "none") -> Problem:
+def _command_problem(
+    command: str, where: str, base_dir: Path, isolation: Isolation = Isolation.NONE
+) -> Problem:
     if "/" in command:
         path = Path(command) if os.path.isabs(command) else base_dir / command
         if path.is_file():
             return Problem(where, f"{path} is not executable; chmod +x it")
         return Problem(where, f"{path} does not exist (relative paths start at {base_dir})")
-    if isolation == "namespaces":
+    if isolation is Isolation.NAMESPACES:
         return Problem(
             where,
             f"'{command}' is not on PATH (its folders that the process sandbox shows: /usr, "
@@ -71,8 +74,8 @@ class ResolvedCommands:
 
     subjects: Mapping[str, Path]
     runtime_host: Path | None
-    isolation: str = "none"
-    """'namespaces' or 'none': `executor.config.isolation` resolved on this machine, for
+    isolation: Isolation = Isolation.NONE
+    """NAMESPACES or NONE: `executor.config.isolation` resolved on this machine, for
     the tasks that run as processes."""
     containers: frozenset[str] = frozenset()
     """Ids of the tasks that run in their container image (the container sandbox)."""
@@ -86,11 +89,11 @@ class ResolvedCommands:
     process sandbox shows besides the resolved program (local.plans.program_view)."""
 
 
-def resolve_isolation(asked: str) -> str:
+def resolve_isolation(asked: str) -> Isolation:
     """'auto' becomes what this machine can do."""
-    if asked == "auto":
-        return "namespaces" if namespaces_unavailable() is None else "none"
-    return asked
+    if Isolation(asked) is Isolation.AUTO:
+        return Isolation.NAMESPACES if namespaces_unavailable() is None else Isolation.NONE
+    return Isolation(asked)
 
 
 def _prefix(loaded: LoadedExperiment) -> str:
@@ -119,7 +122,7 @@ def check_prerequisites(
     base = loaded.base_dir
     isolation = resolve_isolation(executor.config.isolation)
     path_env = host_env.get("PATH")
-    if isolation == "namespaces":
+    if isolation is Isolation.NAMESPACES:
         # A program named without a path is looked for where the sandbox shows it.
         path_env = runtime_path(path_env)
     problems: list[Problem] = []
@@ -199,7 +202,7 @@ def check_prerequisites(
                         )
                     )
 
-    if executor.config.isolation == "namespaces":
+    if Isolation(executor.config.isolation) is Isolation.NAMESPACES:
         why = namespaces_unavailable()
         if why is not None:
             problems.append(
@@ -336,7 +339,7 @@ def _allowlist_problems(
     """What stops this machine from keeping the allowlists of tasks whose task.toml says
     network_mode = 'allowlist': each cell's proxy keeps it, as it keeps a spec policy."""
     listed = tuple(
-        t for t in spec_tasks if t.id in tasks and tasks[t.id].network_mode == "allowlist"
+        t for t in spec_tasks if t.id in tasks and tasks[t.id].network_mode is NetworkMode.ALLOWLIST
     )
     if not listed:
         return []
@@ -374,7 +377,7 @@ def _egress_problems(
     asked = asked or f"mode '{egress.mode}'"
     known = [t.id for t in spec_tasks if t.id in tasks]
     # allow_internet = false in task.toml wins: those cells get no network, no proxy.
-    policed = [tid for tid in known if tasks[tid].network_mode != "no-network"]
+    policed = [tid for tid in known if needs_policing(tasks[tid].network_mode)]
     problems: list[Problem] = []
     if egress.mode == "proxy" and policed:
         why = enforcement_unavailable()
@@ -408,7 +411,7 @@ def _egress_problems(
                 )
             )
     as_processes = [tid for tid in known if tid not in containers]
-    if as_processes and resolve_isolation(isolation) != "namespaces":
+    if as_processes and resolve_isolation(isolation) is not Isolation.NAMESPACES:
         why = namespaces_unavailable() or "executor.config.isolation is 'none'"
         problems.append(
             Problem(

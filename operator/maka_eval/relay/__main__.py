@@ -17,9 +17,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from maka_eval.engine.modes import Isolation
 from maka_eval.engine.status import AttemptStatus
 from maka_eval.relay.attempt import run_attempt
-from maka_eval.relay.plan import OWN_NETWORK, AttemptPlan, PlanError, with_task_settings
+from maka_eval.relay.plan import OWN_NETWORK, AttemptPlan, PlanError, with_task_dir
 from maka_eval.relay.processes import CancelToken, ProcessSupervisor
 
 EXIT_NOT_COMPLETED = 1
@@ -47,12 +48,12 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, PlanError) as exc:
         print(f"relay: {exc}", file=sys.stderr)
         return EXIT_BAD_PLAN
-    if plan.isolation == "auto":
+    if plan.isolation is Isolation.AUTO:
         # In a Pod: namespaces where the container may make them, else plain processes
         # (the Pod itself is then the boundary); the kernel records which.
         from maka_eval.sandbox.process import namespaces_unavailable
 
-        isolation = "namespaces" if namespaces_unavailable() is None else "none"
+        isolation = Isolation.NAMESPACES if namespaces_unavailable() is None else Isolation.NONE
         plan = replace(plan, isolation=isolation)
     pod_network = plan.egress is not None and plan.egress.namespace == OWN_NETWORK
     if plan.egress is not None and pod_network:
@@ -63,13 +64,13 @@ def main(argv: list[str] | None = None) -> int:
             plan, egress=replace(plan.egress, namespace_identity=f"{own.st_dev}:{own.st_ino}")
         )
     try:
-        plan = with_task_settings(plan)
+        plan = with_task_dir(plan)
     except PlanError as exc:
         # No result kernel: the executor sees a relay that ended without one, which is
         # an infrastructure failure (retried), and this line in the container's log.
         print(f"relay: {exc}", file=sys.stderr)
         return EXIT_BAD_PLAN
-    if pod_network and plan.egress is None and plan.isolation != "namespaces":
+    if pod_network and plan.egress is None and plan.isolation is not Isolation.NAMESPACES:
         # Never run unenforced: without a namespace of its own the subject would still
         # reach the Pod's egress proxy on loopback.
         print(

@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from maka_eval import layout as paths
 from maka_eval.artifacts import NAME_MAX_BYTES, Redactor, artifact_name, copy_artifact
 from maka_eval.contract.kernel import ARTIFACT_NAME_LIMIT, ArtifactEntry
 from maka_eval.engine.classify import (
@@ -34,6 +35,8 @@ from maka_eval.engine.classify import (
 )
 from maka_eval.engine.environment import Healthcheck, TaskArtifact
 from maka_eval.engine.launch import SOLUTION_DIR_NAME
+from maka_eval.engine.modes import Isolation
+from maka_eval.engine.task_settings import StepPlan
 from maka_eval.printable import escaped
 from maka_eval.process_table import RUN_MARKER
 from maka_eval.relay import steps
@@ -52,15 +55,11 @@ from maka_eval.relay.gate import PROBE_TIMEOUT_SEC, probe_argv, read_evidence, r
 from maka_eval.relay.metering import recover_metered
 from maka_eval.relay.outcome import AttemptOutcome, build_kernel
 from maka_eval.relay.output import DiskFull, OutputCapture
-from maka_eval.relay.plan import (
-    AttemptPlan,
-    EgressPlan,
-    StepPlan,
-)
+from maka_eval.relay.plan import AttemptPlan, EgressPlan
 from maka_eval.relay.processes import CancelToken, ProcessSupervisor, WaitEnd
 from maka_eval.relay.steps import StepOutcome
 from maka_eval.relay.verifier import read_reward
-from maka_eval.sandbox.base import Isolation, Layout, Network, Phase, Sandbox
+from maka_eval.sandbox.base import Layout, Network, Phase, Sandbox
 from maka_eval.sandbox.holders import NamespacePool, runtime_path
 from maka_eval.sandbox.process import interpreted, make_sandbox
 
@@ -408,17 +407,17 @@ class _Attempt:
         inside = functools.partial(self._inside, Phase.SUBJECT)
         values = {
             RUN_MARKER: plan.run_id,
-            "MAKA_EVAL_CELL_ID": plan.cell_id,
-            "MAKA_EVAL_TASK_ID": plan.task_id,
-            "MAKA_EVAL_REPETITION": str(plan.repetition),
-            "MAKA_EVAL_SUBJECT_ID": plan.subject_id,
-            "MAKA_EVAL_WORKSPACE": inside(layout.workspace),
-            "MAKA_EVAL_INSTRUCTION_FILE": inside(layout.instruction),
+            paths.CELL_ID_ENV: plan.cell_id,
+            paths.TASK_ID_ENV: plan.task_id,
+            paths.REPETITION_ENV: str(plan.repetition),
+            paths.SUBJECT_ID_ENV: plan.subject_id,
+            paths.WORKSPACE_ENV: inside(layout.workspace),
+            paths.INSTRUCTION_FILE_ENV: inside(layout.instruction),
         }
         if plan.subject.contract is ResultContract.PROTOCOL_V1:
-            values["MAKA_EVAL_RESULT_FILE"] = inside(layout.frame_dir / "result.json")
+            values[paths.RESULT_FILE_ENV] = inside(layout.frame_dir / "result.json")
         for name in plan.subject.extra_dirs:
-            values[f"MAKA_EVAL_{name.upper()}_DIR"] = inside(layout.root / name)
+            values[paths.subject_dir_env(name)] = inside(layout.root / name)
         return values
 
     def collect_artifacts(self, entries: Sequence[TaskArtifact], into: Path) -> None:
@@ -551,10 +550,10 @@ class _Attempt:
         )
         env.update(
             {
-                "MAKA_EVAL_WORKSPACE": inside(layout.workspace),
-                "MAKA_EVAL_TESTS_DIR": inside(layout.tests),
-                "MAKA_EVAL_VERIFIER_LOGS_DIR": inside(layout.verifier_logs),
-                "MAKA_EVAL_TASK_ID": plan.task_id,
+                paths.WORKSPACE_ENV: inside(layout.workspace),
+                paths.TESTS_DIR_ENV: inside(layout.tests),
+                paths.VERIFIER_LOGS_DIR_ENV: inside(layout.verifier_logs),
+                paths.TASK_ID_ENV: plan.task_id,
             }
         )
         if plan.egress is not None and plan.egress.verifier_uses_proxy:
@@ -913,7 +912,9 @@ class _Attempt:
         if not target_root.is_dir():
             target_root.mkdir(parents=True)
         made = {target_root}
-        entries = []
+        entries: list[ArtifactEntry] = []
+        cap = self.plan.max_artifact_files
+        dropped: list[str] = []
         for name, path in candidates:
             try:
                 info = path.lstat()
@@ -921,6 +922,11 @@ class _Attempt:
                 continue
             limit = MAX_FRAME_BYTES if name == "result-frame.json" else info.st_size
             if not (stat.S_ISREG(info.st_mode) and 0 < info.st_size <= limit):
+                continue
+            if cap is not None and len(entries) >= cap:
+                # execution.maxArtifactFiles: the first ones in this order are kept (the
+                # streams and the rewards come first, the subject's own files last).
+                dropped.append(name)
                 continue
             target = target_root / name
             if target.parent not in made:
@@ -932,6 +938,11 @@ class _Attempt:
                 ArtifactEntry(
                     name, digest.bytes, digest.sha256, bool(capture and capture.truncated)
                 )
+            )
+        if dropped:
+            self.notes.append(
+                f"execution.maxArtifactFiles is {cap}: {len(dropped)} artifact file(s) not "
+                f"kept: {', '.join(dropped)}"
             )
         return tuple(entries)
 

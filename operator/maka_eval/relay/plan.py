@@ -12,16 +12,16 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from maka_eval import strict_json
+from maka_eval import layout, strict_json
 from maka_eval.engine.classify import ResultContract
 from maka_eval.engine.environment import Healthcheck, TaskArtifact
-from maka_eval.engine.launch import SubjectLaunch
+from maka_eval.engine.launch import SOLUTION_DIR_NAME, SubjectLaunch
+from maka_eval.engine.modes import EgressMode, Isolation, NetworkMode, egress_mode
+from maka_eval.engine.task_settings import StepPlan, task_settings
 from maka_eval.metering.pricing import Prices
 
 if TYPE_CHECKING:
     from maka_eval.spec.task_directory import TaskDefinition
-
-DEFAULT_OUTPUT_LIMIT = 8 * 1024 * 1024
 
 
 class PlanError(ValueError):
@@ -49,7 +49,7 @@ class ContainerPlan:
     memory_mb: int | None = None
     storage_mb: int | None = None
     gpus: int = 0
-    network: str = "public"
+    network: NetworkMode = NetworkMode.PUBLIC
     """Harbor's network_mode: 'public' (the engine's default network), 'no-network', or
     'allowlist' (the cell's policed namespace, whose proxy keeps the allowlist)."""
     env: Mapping[str, str] = field(default_factory=dict)
@@ -99,7 +99,7 @@ class MeteringPlan:
 
     checkpoint: str
     """Path of the checkpoint file the proxy writes."""
-    token_env: str = "MAKA_EVAL_RESULT_TOKEN"
+    token_env: str = layout.RESULT_TOKEN_ENV
     """The relay's environment variable holding the result token (the plan never holds
     the value); the subject does not receive it."""
     prices: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
@@ -110,65 +110,6 @@ class MeteringPlan:
     settle_proxy: str | None = None
     """The proxy's URL (http://HOST:PORT) to settle over HTTP (metering.settle) when
     the relay cannot signal it (a Pod's sidecar)."""
-
-
-@dataclass(frozen=True)
-class StepPlan:
-    """One step of a multi-step task (task.toml `[[steps]]`), its settings resolved:
-    the relay runs the steps in order in the same sandbox (relay.steps)."""
-
-    name: str
-    instruction_file: str
-    tests_dirs: tuple[str, ...]
-    """Copied into /tests in this order (the task's tests/, then the step's)."""
-    agent_timeout_sec: float
-    verifier_timeout_sec: float
-    workdir_dir: str | None = None
-    """Uploaded into the workdir before the step; its setup.sh then runs with bash."""
-    solution_dir: str | None = None
-    """The oracle's solution for this step."""
-    verifier_env: Mapping[str, str] = field(default_factory=dict)
-    agent_user: str | None = None
-    verifier_user: str | None = None
-    min_reward: float | Mapping[str, float] | None = None
-    healthcheck: Healthcheck | None = None
-    """Run after the step's setup.sh, before its subject."""
-    artifacts: tuple[TaskArtifact, ...] = ()
-    """Collected after the step's subject (with the task's own), before its verifier."""
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> StepPlan:
-        values = dict(data)
-        values["tests_dirs"] = tuple(values.get("tests_dirs", ()))
-        values["healthcheck"] = Healthcheck.from_dict(values.get("healthcheck"))
-        values["artifacts"] = TaskArtifact.from_dicts(values.get("artifacts", ()))
-        return cls(**values)
-
-
-def step_plans(
-    task: TaskDefinition, agent_timeout_sec: float, verifier_timeout_sec: float
-) -> tuple[StepPlan, ...]:
-    """The steps of `task`, each falling back to the task's timeouts (already resolved)."""
-    return tuple(
-        StepPlan(
-            name=step.name,
-            instruction_file=str(step.instruction_file),
-            tests_dirs=tuple(str(d) for d in step.tests_dirs),
-            agent_timeout_sec=step.agent_timeout_sec or agent_timeout_sec,
-            verifier_timeout_sec=step.verifier_timeout_sec or verifier_timeout_sec,
-            workdir_dir=str(step.workdir_dir) if step.workdir_dir is not None else None,
-            solution_dir=str(step.solution_dir) if step.solution_dir is not None else None,
-            verifier_env=dict(step.verifier_env),
-            agent_user=step.agent_user,
-            verifier_user=step.verifier_user,
-            min_reward=(
-                dict(step.min_reward) if isinstance(step.min_reward, Mapping) else step.min_reward
-            ),
-            healthcheck=step.healthcheck,
-            artifacts=step.artifacts,
-        )
-        for step in task.steps
-    )
 
 
 @dataclass(frozen=True)
@@ -198,8 +139,11 @@ class AttemptPlan:
     """Names of every credential of the experiment: any of their values found in what
     leaves the relay (artifacts, reasons, metric names) is replaced by [redacted:NAME],
     whichever subject it came from."""
-    output_limit_bytes: int = DEFAULT_OUTPUT_LIMIT
-    isolation: str = "none"
+    output_limit_bytes: int = layout.DEFAULT_OUTPUT_LIMIT_BYTES
+    max_artifact_files: int | None = None
+    """execution.maxArtifactFiles: at most this many artifact files are kept (None: all);
+    the kernel's notes name what was dropped."""
+    isolation: Isolation = Isolation.NONE
     """'namespaces' (own PID, mount, IPC, UTS, network namespaces), 'container' (the
     task's image, see `container`), 'none', or 'auto' (a pod: the relay decides)."""
     hidden: tuple[str, ...] = ()
@@ -243,6 +187,8 @@ class AttemptPlan:
             del data["steps"], data["step_reward_strategy"]
         if self.healthcheck is None:
             del data["healthcheck"]
+        if self.max_artifact_files is None:
+            del data["max_artifact_files"]
         if not self.artifacts:
             del data["artifacts"]
         return json.dumps(data, indent=2, sort_keys=True)
@@ -264,8 +210,11 @@ class AttemptPlan:
             if metering is not None:
                 metering = MeteringPlan(**metering)
                 Prices.from_dict(metering.prices)  # refused here, not when it is needed
+            if container is not None:
+                container["network"] = NetworkMode(container.get("network", "public"))
             plan = cls(
                 subject=launch,
+                isolation=Isolation(data.pop("isolation", Isolation.NONE)),
                 container=ContainerPlan(**container) if container is not None else None,
                 egress=EgressPlan(**egress) if egress is not None else None,
                 metering=metering,
@@ -283,15 +232,61 @@ class AttemptPlan:
             raise PlanError("the relay plan has an empty subject.argv")
         if plan.step_reward_strategy not in ("mean", "final"):
             raise PlanError("the relay plan's step_reward_strategy must be 'mean' or 'final'")
-        if (plan.isolation == "container") != (plan.container is not None):
+        if (plan.isolation is Isolation.CONTAINER) != (plan.container is not None):
             raise PlanError(
                 "the relay plan needs 'container' exactly when isolation is 'container'"
             )
         return plan
 
 
-def with_task_settings(plan: AttemptPlan) -> AttemptPlan:
-    """The plan with its task directory's settings applied (see `task_dir`).
+def with_task(
+    plan: AttemptPlan, task: TaskDefinition, spec_egress: EgressMode | None
+) -> AttemptPlan:
+    """The plan with `task`'s own settings over the experiment's (the plan's timeouts
+    are the spec's defaults until then): the one place every executor applies them, the
+    local executor when it plans and the relay in a Pod (`with_task_dir`). `spec_egress`
+    is executor.config.egress's mode (None: none declared). PlanError when the task
+    cannot run as planned.
+    """
+    settings = task_settings(
+        task,
+        plan.agent_timeout_sec,
+        plan.verifier_timeout_sec,
+        image_built=plan.container is not None,
+    )
+    subject = plan.subject
+    if SOLUTION_DIR_NAME in subject.extra_dirs:
+        if settings.solution_dir is None:
+            raise PlanError(f"{task.root}/solution/solve.sh is missing; the oracle runs it")
+        subject = replace(
+            subject,
+            env={**settings.solution_env, **subject.env},
+            extra_dirs={**subject.extra_dirs, SOLUTION_DIR_NAME: settings.solution_dir},
+        )
+    # A task that allows no network gets none, whatever the experiment says.
+    policed = egress_mode(spec_egress, settings.network_mode) is EgressMode.PROXY
+    return replace(
+        plan,
+        subject=subject,
+        steps=settings.steps,
+        step_reward_strategy=settings.step_reward_strategy,
+        healthcheck=settings.healthcheck,
+        artifacts=settings.artifacts,
+        instruction_file=settings.instruction_file,
+        tests_dir=settings.tests_dir,
+        environment_dir=settings.environment_dir,
+        agent_timeout_sec=settings.agent_timeout_sec,
+        verifier_timeout_sec=settings.verifier_timeout_sec,
+        verifier_env={**settings.verifier_env, **plan.verifier_env},
+        task_dir=None,
+        egress=plan.egress if policed else None,
+    )
+
+
+def with_task_dir(plan: AttemptPlan) -> AttemptPlan:
+    """The plan with its task directory's settings applied (see `task_dir`): in a Pod,
+    where only the relay can read the task. Standard library only (tests/relay checks
+    no pydantic or PyYAML is loaded).
 
     PlanError when the task directory is not a valid task: the relay then reports an
     infrastructure failure (the benchmark image does not hold what the spec names).
@@ -300,7 +295,6 @@ def with_task_settings(plan: AttemptPlan) -> AttemptPlan:
         return plan
     from pathlib import Path
 
-    from maka_eval.engine.launch import SOLUTION_DIR_NAME
     from maka_eval.spec.task_directory import load_task
 
     task, problems = load_task(
@@ -308,7 +302,7 @@ def with_task_settings(plan: AttemptPlan) -> AttemptPlan:
     )
     if task is None:
         raise PlanError("; ".join(f"{p.where}: {p.message}" for p in problems))
-    if task.network_mode == "allowlist":
+    if task.network_mode is NetworkMode.ALLOWLIST:
         # The Pod's egress sidecar keeps the experiment's policy, not a task's own list:
         # running the task with a wider network than it declares would be wrong, and
         # with none would fail it for a reason that is not its own.
@@ -317,32 +311,6 @@ def with_task_settings(plan: AttemptPlan) -> AttemptPlan:
             "kubernetes executor cannot keep yet (its egress sidecar carries the "
             "experiment's policy only); run the task with executor.kind local, or leave it out"
         )
-    subject = plan.subject
-    if SOLUTION_DIR_NAME in subject.extra_dirs:
-        if task.solution_dir is None:
-            raise PlanError(f"{task.root}/solution/solve.sh is missing; the oracle runs it")
-        subject = replace(
-            subject,
-            env={**task.solution_env, **subject.env},
-            extra_dirs={**subject.extra_dirs, SOLUTION_DIR_NAME: str(task.solution_dir)},
-        )
-    agent_timeout = task.agent_timeout_sec or plan.agent_timeout_sec
-    verifier_timeout = task.verifier_timeout_sec or plan.verifier_timeout_sec
-    return replace(
-        plan,
-        subject=subject,
-        steps=step_plans(task, agent_timeout, verifier_timeout),
-        step_reward_strategy=task.step_reward_strategy,
-        healthcheck=task.healthcheck,
-        artifacts=task.artifacts,
-        instruction_file=str(task.instruction_file),
-        tests_dir=str(task.tests_dir),
-        environment_dir=str(task.environment_dir) if task.environment_dir else None,
-        agent_timeout_sec=agent_timeout,
-        verifier_timeout_sec=verifier_timeout,
-        verifier_env={**task.verifier_env, **plan.verifier_env},
-        task_dir=None,
-        # A task that allows no network gets none, whatever the experiment says: the
-        # subject leaves the Pod's policed network for an empty namespace of its own.
-        egress=None if task.network_mode == "no-network" else plan.egress,
-    )
+    # A Pod's network is policed whenever it has one (the operator gives it the egress
+    # sidecar exactly when executor.config.egress.mode is 'proxy'); else it has none.
+    return with_task(plan, task, EgressMode.PROXY if plan.egress is not None else EgressMode.NONE)

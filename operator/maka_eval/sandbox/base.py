@@ -16,22 +16,10 @@ from enum import StrEnum
 from pathlib import Path
 from typing import IO, Protocol
 
+from maka_eval import layout
+from maka_eval.engine.modes import Isolation
 from maka_eval.relay.output import OutputCapture
 from maka_eval.relay.processes import CancelToken, WaitEnd
-
-
-class Isolation(StrEnum):
-    """What separates a subject from the host and from other cells."""
-
-    NAMESPACES = "namespaces"
-    """Own PID, mount, IPC, UTS and network namespaces: the run folder, other cells,
-    the task's tests and solution and the executor's processes are out of sight."""
-    CONTAINER = "container"
-    """The task's own container image, through a Docker Engine API (Docker or Podman):
-    its own PID, mount, IPC, UTS and network namespaces, and only the files the image and
-    the relay put there; the verifier's folders are made private to the verifier."""
-    NONE = "none"
-    """Plain processes of this machine: nothing is hidden (recorded as such)."""
 
 
 class Phase(StrEnum):
@@ -73,9 +61,9 @@ class Layout:
     the subject changed outside its folders); its files become `evidence/<name>`
     artifacts."""
 
-    TESTS_PATH = "/tests"
-    VERIFIER_LOGS_PATH = "/logs/verifier"
-    AGENT_LOGS_PATH = "/logs/agent"
+    TESTS_PATH = layout.TESTS_PATH
+    VERIFIER_LOGS_PATH = layout.VERIFIER_LOGS_PATH
+    AGENT_LOGS_PATH = layout.AGENT_LOGS_PATH
 
 
 def mapped(paths: Mapping[str, str], path: str) -> str:

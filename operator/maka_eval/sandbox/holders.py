@@ -33,6 +33,7 @@ from functools import cache
 from pathlib import Path
 
 from maka_eval import strict_json
+from maka_eval.layout import FRAME_PATH, HOME_PATH, INSTRUCTION_PATH, TMP_PATH, WORKSPACE_PATH
 from maka_eval.relay.processes import ProcessSupervisor
 from maka_eval.sandbox.base import Layout, Network
 from maka_eval.sandbox.mounts import SlotTree
@@ -52,11 +53,6 @@ OUTER_EXIT_TIMEOUT = 2.0
 """How long the outer bubblewrap may take to reap its killed init and exit."""
 TMP_BYTES = 1 << 30
 """Size of a sandbox's own /tmp (memory-backed); TMPDIR points at the attempt's folder."""
-WORKSPACE_PATH = "/attempt/workspace"
-HOME_PATH = "/attempt/home"
-TMP_PATH = "/attempt/tmp"
-INSTRUCTION_PATH = "/attempt/instruction.md"
-FRAME_PATH = "/attempt/frame"
 POOL_MOST = 8
 """The most pairs a pool keeps ready per view."""
 VERIFIER_HOME = "/tmp/home"

@@ -41,10 +41,11 @@ from functools import cache
 from pathlib import Path
 from typing import IO
 
+from maka_eval.engine.modes import Isolation
 from maka_eval.process_table import snapshot
 from maka_eval.relay.output import OutputCapture
 from maka_eval.relay.processes import CancelToken, ProcessSupervisor, WaitEnd
-from maka_eval.sandbox.base import Isolation, Layout, Network, Phase, mapped
+from maka_eval.sandbox.base import Layout, Network, Phase, mapped
 from maka_eval.sandbox.files import copy_into, copy_out, copy_path_out
 from maka_eval.sandbox.holders import (
     OWN_NAMESPACES,

@@ -12,6 +12,11 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import ConfigDict, Discriminator, Field, Tag
 from pydantic.json_schema import SkipJsonSchema
 
+from maka_eval.layout import (
+    DEFAULT_AGENT_TIMEOUT_SEC,
+    DEFAULT_OUTPUT_LIMIT_BYTES,
+    DEFAULT_VERIFIER_TIMEOUT_SEC,
+)
 from maka_eval.spec.base import (
     ExperimentId,
     Id,
@@ -313,8 +318,12 @@ Executor = Annotated[
 class Timeouts(SpecModel):
     """Timeouts used when a task's task.toml does not set its own."""
 
-    agent_sec: PositiveSeconds = Field(default=900.0, description="Subject time limit.")
-    verifier_sec: PositiveSeconds = Field(default=600.0, description="Verifier time limit.")
+    agent_sec: PositiveSeconds = Field(
+        default=DEFAULT_AGENT_TIMEOUT_SEC, description="Subject time limit."
+    )
+    verifier_sec: PositiveSeconds = Field(
+        default=DEFAULT_VERIFIER_TIMEOUT_SEC, description="Verifier time limit."
+    )
 
 
 class Execution(SpecModel):
@@ -331,13 +340,23 @@ class Execution(SpecModel):
     )
     default_timeouts: Timeouts = Field(default_factory=Timeouts)
     max_output_bytes: int = Field(
-        default=8 * 1024 * 1024,
+        default=DEFAULT_OUTPUT_LIMIT_BYTES,
         ge=1024,
         le=1024**3,
         description=(
             "Cap on each output stream of an attempt (the subject's and the verifier's "
             "stdout and stderr). Output past it is discarded, the stored artifact ends "
             "with a marker saying how much was cut, and the record marks it truncated."
+        ),
+    )
+    max_artifact_files: int | None = Field(
+        default=None,
+        ge=1,
+        le=100_000,
+        description=(
+            "Cap on how many artifact files one attempt keeps (its output streams, the "
+            "verifier's reports, task.toml artifacts). Files past it are dropped and a "
+            "note on the record names them. Default: no cap."
         ),
     )
 

@@ -22,17 +22,22 @@ import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from maka_eval.egress.policy import allowed_host_entry
 from maka_eval.engine.environment import Healthcheck, TaskArtifact
+from maka_eval.engine.modes import NetworkMode
 from maka_eval.errors import Problem, TaskError
-from maka_eval.spec.experiment import Experiment
+
+if TYPE_CHECKING:
+    # Only `load_tasks` reads an experiment: the relay in a Pod reads one task with
+    # `load_task` and must not load pydantic (relay.plan.with_task_dir).
+    from maka_eval.spec.experiment import Experiment
 
 IMAGE_BUILD_FILES = ("Dockerfile", "docker-compose.yaml", "docker-compose.yml", "compose.yaml")
 COMPOSE_FILES = IMAGE_BUILD_FILES[1:]
 DEFAULT_BUILD_TIMEOUT_SEC = 600.0
-NETWORK_MODES = ("public", "no-network", "allowlist")
+NETWORK_MODES = tuple(mode.value for mode in NetworkMode)
 
 
 @dataclass(frozen=True)
@@ -66,7 +71,7 @@ class TaskDefinition:
     gpus: int = 0
     build_timeout_sec: float = DEFAULT_BUILD_TIMEOUT_SEC
     workdir: str | None = None
-    network_mode: str = "public"
+    network_mode: NetworkMode = NetworkMode.PUBLIC
     """Harbor's `public` (the default), `no-network` (also `allow_internet = false`) or
     `allowlist`."""
     allowed_hosts: tuple[str, ...] = ()
@@ -331,9 +336,9 @@ class _TaskToml:
             return None
         return max(1, math.ceil(float(match.group(1)) * _SIZE_MB[match.group(2).upper()]))
 
-    def network_mode(self) -> str:
+    def network_mode(self) -> NetworkMode:
         environment = self.table("environment")
-        mode = environment.get("network_mode", "public")
+        mode = environment.get("network_mode", NetworkMode.PUBLIC.value)
         if mode not in NETWORK_MODES:
             self.problems.append(
                 Problem(
@@ -341,7 +346,7 @@ class _TaskToml:
                     f"network_mode must be one of {', '.join(NETWORK_MODES)}, got {mode!r}",
                 )
             )
-            return "public"
+            return NetworkMode.PUBLIC
         allow = environment.get("allow_internet")
         if allow is not None and not isinstance(allow, bool):
             self.problems.append(
@@ -350,17 +355,17 @@ class _TaskToml:
                     f"allow_internet must be true or false, got {allow!r}",
                 )
             )
-        elif allow is False and mode == "public":
-            return "no-network"  # Harbor maps the deprecated flag the same way
-        return str(mode)
+        elif allow is False and mode == NetworkMode.PUBLIC:
+            return NetworkMode.NO_NETWORK  # Harbor maps the deprecated flag the same way
+        return NetworkMode(mode)
 
-    def allowed_hosts(self, mode: str) -> tuple[str, ...]:
+    def allowed_hosts(self, mode: NetworkMode) -> tuple[str, ...]:
         """`[environment] allowed_hosts`, normalized; only with network_mode = allowlist."""
         hosts = self.table("environment").get("allowed_hosts")
         where = f"{self.path} [environment]"
         if hosts is None:
             return ()
-        if mode != "allowlist":
+        if mode is not NetworkMode.ALLOWLIST:
             message = (
                 "allowed_hosts is only valid with network_mode = 'allowlist'; set it or remove them"
             )
@@ -379,7 +384,7 @@ class _TaskToml:
                 self.problems.append(Problem(where, f"allowed_hosts[{i}]: {exc}"))
         return tuple(dict.fromkeys(found))
 
-    def phase_network(self, section: str, mode: str, hosts: tuple[str, ...]) -> None:
+    def phase_network(self, section: str, mode: NetworkMode, hosts: tuple[str, ...]) -> None:
         """`[agent]`/`[verifier]` network_mode and allowed_hosts, Harbor's per-phase
         override: accepted when it is the environment's own policy (`mode`, `hosts`), a
         problem otherwise. Every phase of an attempt here has the environment's network;
@@ -403,7 +408,7 @@ class _TaskToml:
             return
         found: set[str] = set()
         if phase_hosts is not None:
-            if phase_mode != "allowlist" or not isinstance(phase_hosts, list):
+            if phase_mode != NetworkMode.ALLOWLIST or not isinstance(phase_hosts, list):
                 message = "allowed_hosts must be a list of hosts, with network_mode = 'allowlist'"
                 self.problems.append(Problem(where, message))
                 return
@@ -416,8 +421,9 @@ class _TaskToml:
         if (phase_mode, found) == (mode, set(hosts)):
             return  # the environment's own policy: nothing to switch
         phase = "agent" if section == "agent" else "verifier"
-        own = f"{phase_mode!r}" + (f" with {sorted(found)}" if phase_mode == "allowlist" else "")
-        base = f"{mode!r}" + (f" with {sorted(hosts)}" if mode == "allowlist" else "")
+        allowlist = NetworkMode.ALLOWLIST
+        own = f"{phase_mode!r}" + (f" with {sorted(found)}" if phase_mode == allowlist else "")
+        base = f"{mode.value!r}" + (f" with {sorted(hosts)}" if mode is allowlist else "")
         self.problems.append(
             Problem(
                 where,
@@ -661,7 +667,7 @@ def _steps(
     toml: _TaskToml,
     task_verifier_env: Mapping[str, str],
     task_users: tuple[str | None, str | None],
-    network: tuple[str, tuple[str, ...]] | None,
+    network: tuple[NetworkMode, tuple[str, ...]] | None,
 ) -> tuple[tuple[TaskStep, ...], str, list[Problem]]:
     """The `[[steps]]` of a task.toml, the reward strategy, and the problems found."""
     raw = toml.config.get("steps")

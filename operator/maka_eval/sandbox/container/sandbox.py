@@ -66,13 +66,14 @@ from pathlib import Path
 from typing import IO, Any
 
 from maka_eval import strict_json
+from maka_eval.engine.modes import Isolation, NetworkMode
 from maka_eval.relay.output import OutputCapture
 from maka_eval.relay.plan import ContainerPlan
 from maka_eval.relay.processes import MARKER_VARIABLE as ATTEMPT_MARKER
 from maka_eval.relay.processes import CancelToken, ProcessSupervisor, WaitEnd
 from maka_eval.sandbox import changes, toolbox
 from maka_eval.sandbox import exec as exec_helper
-from maka_eval.sandbox.base import Isolation, Layout, Network, Phase, mapped
+from maka_eval.sandbox.base import Layout, Network, Phase, mapped
 from maka_eval.sandbox.container import image_facts, shell
 from maka_eval.sandbox.container.archive import TarBuilder, extract_into, inner_file, read_stream
 from maka_eval.sandbox.container.engine import (
@@ -269,9 +270,9 @@ class ContainerSandbox:
             "detach": True,
             "volumes": volumes,
         }
-        if plan.network == "no-network":
+        if plan.network == NetworkMode.NO_NETWORK:
             kwargs["network_mode"] = "none"
-        elif plan.network == "allowlist" and self.network is None:
+        elif plan.network == NetworkMode.ALLOWLIST and self.network is None:
             # Its allowlist is kept by the cell's proxy: never the open network instead.
             raise OSError("the task's allowlist needs the cell's policed network, which it lacks")
         elif self.network is not None:
