@@ -381,10 +381,10 @@ def test_a_rerun_annotation_appends_one_attempt(
     )
     # The cell's status takes in the rerun after its result: wait for that, not 3 s.
     cell_obj = wait_until(
-        lambda: ((c := get(kubectl, "cell", namespace, cell)).get("status") or {}).get(
-            "rerunTokens"
-        )
-        and c,
+        lambda: (
+            ((c := get(kubectl, "cell", namespace, cell)).get("status") or {}).get("rerunTokens")
+            and c
+        ),
         timeout=300,
         what="the cell to record the rerun",
     )
