@@ -233,7 +233,6 @@ def serve_helper() -> None:
     the last of those this process named on stdin back, until one this process has
     started; send each in frames on stdout (see `_shared_read`)."""
     cells_root, run_id = sys.argv[1:3]
-    gc.disable()  # a short-lived process holding acyclic records
     out = sys.stdout.buffer
     started = sys.stdin.fileno()  # unbuffered: no number may be read ahead and lost
     (size,) = _TASK_INDEX.unpack(_read_exactly(started, _TASK_INDEX.size))
