@@ -17,7 +17,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -411,7 +410,19 @@ def test_an_operator_killed_mid_run_resumes_without_duplicates_or_losses(
         what="a first result",
     )
     operator.kill()
-    time.sleep(3)  # pods end while no operator watches
+
+    def ended() -> set[str]:
+        return {
+            pod["metadata"]["name"]
+            for pod in get(kubectl, "pods", namespace)["items"]
+            if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
+        }
+
+    # Pods end while no operator watches: wait for one more to end (not for 3 s), unless
+    # none was left running.
+    before = ended()
+    if len(before) < len(get(kubectl, "pods", namespace)["items"]):
+        wait_until(lambda: ended() - before, timeout=300, what="a pod to end unwatched")
     operator.start()
     exp = wait_for_phase(kubectl, namespace, "crash", ("Complete",), operator)
     attempts = get(kubectl, "attempts", namespace)["items"]
