@@ -70,9 +70,10 @@ from typing import Any
 from maka_eval import __version__ as MAKA_EVAL_VERSION
 from maka_eval.contract.record import AttemptRecord
 from maka_eval.engine.status import AttemptStatus
+from maka_eval.executors.load import load_experiment_text
 from maka_eval.local.events import AttemptFinished, Event
 from maka_eval.local.executor import LocalRun
-from maka_eval.spec.load import LoadedExperiment, load_experiment_text
+from maka_eval.spec.load import LoadedExperiment
 from maka_eval.spec.task_directory import TaskDefinition, load_tasks
 from maka_eval.store.run_store import read_run
 

@@ -54,7 +54,7 @@ from maka_eval.contract.kernel import ResultKernel
 from maka_eval.contract.record import AttemptRecord
 from maka_eval.engine.status import AttemptStatus, StatusSource, Trigger
 from maka_eval.engine.usage import Usage
-from maka_eval.spec.load import experiment_from_data
+from maka_eval.executors.load import experiment_from_data
 from maka_eval.store.ledger import LedgerWriter
 from maka_eval.store.run_store import AttemptSlot, RunIdentity, RunWriter, cell_path, read_run
 from maka_eval.store.seal import KEY_DIR_ENV, heads_dir, key_dir, seal_record, signing_key
@@ -213,7 +213,7 @@ def _record(
 def measure(run_dir: Path, out_dir: Path) -> dict[str, Any]:
     """Build and write the report, timing each phase (run in a fresh process)."""
     from maka_eval.analysis.page import render_page
-    from maka_eval.analysis.report import build_and_write_report
+    from maka_eval.analysis.report_files import build_and_write_report
     from maka_eval.analysis.source import RunDirectorySource
     from maka_eval.analysis.summary import summarize_source
 

@@ -20,8 +20,8 @@ GROUPS = {
     # metering modules, mitmproxy, h11 (the gateway's HTTP/1.1 parser, which mitmproxy
     # brings too) and prometheus-client for the gateway's metrics.
     "egress": ("mitmproxy", "h11", "prometheus-client"),
-    # The relay reads task settings (maka_eval.spec): pydantic and PyYAML.
-    "relay": ("pydantic", "pyyaml"),
+    # The relay in a Pod: the standard library alone (PyInstaller is the build's own).
+    "relay": (),
 }
 
 

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Builds the relay bundle: the relay frozen by PyInstaller (its own interpreter, standard
-# library, pydantic and PyYAML), relocatable to any folder, plus checksums.sha256.
+# Builds the relay bundle: the relay frozen by PyInstaller (its own interpreter and
+# standard library: in a Pod the relay imports nothing else, tests/relay/
+# test_relay_stdlib.py), relocatable to any folder, plus checksums.sha256.
 #
 #   relay-image/build-bundle.sh OUT_DIR
 #
 #   OUT_DIR/bin/maka-relay          the relay (`python -m maka_eval.relay` frozen)
-#   OUT_DIR/bin/_internal/...       what it runs with (libpython, stdlib, pydantic-core)
+#   OUT_DIR/bin/_internal/...       what it runs with (libpython, the standard library)
 #   OUT_DIR/checksums.sha256        `<sha256>  ./<path>` for every other file, sorted
 #
 # Prints the bundle digest (sha256: + the sha256 of checksums.sha256) as its last line.
@@ -14,7 +15,7 @@
 # images/Dockerfile relay target builds on Debian 12, glibc 2.36).
 #
 # Settings (environment):
-#   PYTHON      interpreter with PyInstaller, pydantic, PyYAML and maka_eval importable
+#   PYTHON      interpreter with PyInstaller and maka_eval importable
 #               (default: python3)
 #   WORK_DIR    PyInstaller's scratch folder (default: a temporary one)
 set -euo pipefail
@@ -36,10 +37,16 @@ fi
 # --collect-submodules: the relay's lazy imports (the task settings reader, the process
 # sandbox) are found by PyInstaller's bytecode scan; collecting the relay's own packages
 # as a whole also keeps modules reached only through a dynamic import.
+# --exclude-module: the scan also follows imports the relay never runs in a Pod (type-only
+# ones, the spec models behind engine.launch.subject_launch, the container sandbox's
+# Docker SDK), which would carry pydantic and PyYAML along; the relay in a Pod runs on the
+# standard library alone (tests/relay/test_relay_stdlib.py), so they stay out.
 "$PYTHON" -m PyInstaller --noconfirm --clean --log-level WARN \
   --onedir --name maka-relay --contents-directory _internal \
   --collect-submodules maka_eval.relay --collect-submodules maka_eval.sandbox \
+  --collect-submodules maka_eval.processes \
   --exclude-module tkinter \
+  --exclude-module pydantic --exclude-module pydantic_core --exclude-module yaml \
   --distpath "$work/dist" --workpath "$work/build" --specpath "$work" \
   "$HERE/maka-relay.py" >&2 || die "PyInstaller failed"
 

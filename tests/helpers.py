@@ -126,3 +126,13 @@ def files_containing(root: Path, needle: bytes) -> list[Path]:
             if path.is_file() and needle in path.read_bytes():
                 hits.append(path)
     return hits
+
+
+def signal_pending(pid: int, signum: int) -> bool:
+    """Whether `signum` was sent to `pid` and waits there (a stopped process holds a
+    handled SIGTERM until it runs again): checked at once, no sleep for it to act."""
+    fields = dict(
+        line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+    )
+    mask = int(fields["ShdPnd"], 16) | int(fields["SigPnd"], 16)
+    return bool(mask & (1 << (signum - 1)))

@@ -15,7 +15,7 @@ from maka_eval.engine.expand import cell_id
 from maka_eval.engine.status import AttemptStatus, StatusSource, Trigger
 from maka_eval.engine.usage import Usage
 from maka_eval.errors import Problem
-from maka_eval.spec.load import experiment_from_data
+from maka_eval.executors.load import experiment_from_data
 from maka_eval.store.integrity import Integrity
 from maka_eval.store.run_store import RunIdentity, RunWriter
 from tests.helpers import spec

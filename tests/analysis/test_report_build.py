@@ -18,12 +18,13 @@ import pytest
 from scipy import stats
 
 from maka_eval.analysis.provenance import RunState
-from maka_eval.analysis.report import build_report, cells_csv, report_json, write_report
+from maka_eval.analysis.report import build_report, report_json
+from maka_eval.analysis.report_files import cells_csv, write_report
 from maka_eval.analysis.source import RunDirectorySource, WriterView
 from maka_eval.contract.record import AttemptRecord
 from maka_eval.engine.status import AttemptStatus
 from maka_eval.engine.usage import Usage
-from maka_eval.spec.load import experiment_from_data
+from maka_eval.executors.load import experiment_from_data
 from maka_eval.store.lock import LockInfo, LockState
 from maka_eval.store.records import run_document
 from maka_eval.store.run_store import RunIdentity, RunWriter
@@ -208,7 +209,7 @@ def test_write_report_writes_three_files(report, tmp_path):
 
 
 def test_half_the_plots_are_rendered_by_a_forked_child(report, tmp_path, monkeypatch):
-    from maka_eval.analysis import report as module
+    from maka_eval.analysis import report_files as module
     from maka_eval.analysis.page import render_page
 
     children = []
@@ -261,7 +262,7 @@ def test_a_page_that_cannot_be_rendered_raises_here(report, tmp_path, monkeypatc
 
 
 def test_build_and_write_writes_cells_csv_from_a_child_during_the_analysis(tmp_path, monkeypatch):
-    from maka_eval.analysis import report as module
+    from maka_eval.analysis import report_files as module
 
     source = FakeSource(DOCUMENT, ATTEMPTS)
     forked = []
@@ -288,7 +289,7 @@ def test_build_and_write_writes_cells_csv_from_a_child_during_the_analysis(tmp_p
 
 
 def test_a_failed_csv_child_leaves_cells_csv_to_this_process(tmp_path, monkeypatch):
-    from maka_eval.analysis import report as module
+    from maka_eval.analysis import report_files as module
 
     here = os.getpid()
     cells = module._cells_csv
@@ -307,7 +308,8 @@ def test_a_failed_csv_child_leaves_cells_csv_to_this_process(tmp_path, monkeypat
 
 
 def test_an_analysis_that_fails_reaps_the_csv_child_and_raises(tmp_path, monkeypatch):
-    from maka_eval.analysis import report as module
+    from maka_eval.analysis import report
+    from maka_eval.analysis import report_files as module
 
     forked = []
     alongside = module._alongside
@@ -320,7 +322,7 @@ def test_an_analysis_that_fails_reaps_the_csv_child_and_raises(tmp_path, monkeyp
         raise RuntimeError("no bootstrap today")
 
     monkeypatch.setattr(module, "_alongside", spy)
-    monkeypatch.setattr(module, "summarize_arm", broken)
+    monkeypatch.setattr(report, "summarize_arm", broken)
     with pytest.raises(RuntimeError, match="no bootstrap today"):
         module.build_and_write_report(
             [FakeSource(DOCUMENT, ATTEMPTS)], tmp_path / "out", resamples=200

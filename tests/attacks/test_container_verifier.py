@@ -476,8 +476,8 @@ echo $ok > /logs/verifier/reward.txt
 def test_the_verifiers_environment_is_its_own(container_engine, tmp_path):
     import os
 
+    from maka_eval.executors.load import load_experiment_file
     from maka_eval.local.executor import LocalRun
-    from maka_eval.spec.load import load_experiment_file
     from maka_eval.spec.task_directory import load_tasks
 
     # The subject holds a credential and leaves configuration in root's home and /tmp.

@@ -223,7 +223,7 @@ def _forms(secret: str) -> list[str]:
 
 HIDER = r"""
 import os, subprocess, sys
-from maka_eval.relay.processes import ProcessSupervisor
+from maka_eval.processes.supervisor import ProcessSupervisor
 os.environ["KEY_Z"] = sys.stdin.read()
 ProcessSupervisor()  # what the executor and the relay make first
 # A subject run as a plain process of the same user (isolation: none) reads the

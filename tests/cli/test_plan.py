@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 from maka_eval.cli import main as cli_main
 from maka_eval.cli.main import app
 from maka_eval.engine.status import AttemptStatus
-from maka_eval.spec.load import experiment_from_data
+from maka_eval.executors.load import experiment_from_data
 from maka_eval.store.run_store import RunIdentity, RunWriter
 from tests.analysis.records import attempt
 from tests.helpers import spec, write_experiment

@@ -26,9 +26,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from maka_eval.executors.load import load_experiment_file
 from maka_eval.local import netns
 from maka_eval.local.executor import LocalRun, RunOptions, RunReport
-from maka_eval.spec.load import load_experiment_file
 from maka_eval.spec.task_directory import load_tasks
 from maka_eval.store.run_store import artifact_path, read_run
 from tests.helpers import REWARD_ONE, make_task, spec, write_experiment, write_script

@@ -12,9 +12,8 @@ from maka_eval.engine.launch import (
     RESERVED_ENV_NAMES,
     credential_targets,
     is_reserved_env,
-    subject_launch,
 )
-from maka_eval.spec.subjects import ExternalSubject, MakaSubject, OracleSubject
+from maka_eval.spec.subjects import ExternalSubject, MakaSubject, OracleSubject, subject_launch
 
 
 def _parse(model, data):

@@ -16,8 +16,8 @@ import pytest
 from maka_eval.errors import SpecError
 from maka_eval.executors import registry
 from maka_eval.executors.attempts import readiness_problems, task_inputs
+from maka_eval.executors.load import experiment_from_data, load_experiment_file
 from maka_eval.spec.experiment import PluginExecutor
-from maka_eval.spec.load import experiment_from_data, load_experiment_file
 from maka_eval.spec.subjects import MakaSubject
 from maka_eval.spec.task_directory import load_tasks
 from maka_eval.strict_json import loads

@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
+from maka_eval.executors.load import load_experiment_file
 from maka_eval.local.executor import LocalRun, RunOptions, RunReport
-from maka_eval.spec.load import load_experiment_file
 from maka_eval.spec.task_directory import load_tasks
 from tests.helpers import write_experiment
 from tests.sandbox.conftest import container_engine  # noqa: F401  (a session fixture)

@@ -21,10 +21,10 @@ from maka_eval.contract.kernel import ArtifactEntry, ResultKernel
 from maka_eval.engine.expand import cell_id, group_id
 from maka_eval.engine.status import AttemptStatus, StatusSource
 from maka_eval.engine.usage import USAGE_FIELDS, Usage
+from maka_eval.executors.load import experiment_from_data
 from maka_eval.k8s import crds as crd_module
 from maka_eval.k8s.resources import AttemptSpec, CellSpec, KernelModel
 from maka_eval.spec.experiment import API_VERSION, ExperimentSpec
-from maka_eval.spec.load import experiment_from_data
 from maka_eval.spec.schema import structural_schema
 from tests.k8s.conftest import CRDS, REPO, Kubectl, wait_until
 

@@ -17,6 +17,7 @@ import yaml
 from maka_eval.egress import credential
 from maka_eval.engine.expand import expand
 from maka_eval.engine.usage import Usage
+from maka_eval.executors.load import experiment_from_data
 from maka_eval.k8s import egress
 from maka_eval.k8s.egress import (
     GatewayAccess,
@@ -29,7 +30,6 @@ from maka_eval.k8s.render import attempt_plan, executor_config
 from maka_eval.relay.__main__ import EXIT_BAD_PLAN
 from maka_eval.relay.__main__ import main as relay_main
 from maka_eval.relay.plan import OWN_NETWORK, AttemptPlan, with_task_dir
-from maka_eval.spec.load import experiment_from_data
 from tests.helpers import make_task
 from tests.k8s.conftest import NODE_NAME, REPO
 from tests.k8s.node_agent import NodeAgent, bwrap_available, egress_image_bin, relay_bundle

@@ -13,6 +13,7 @@ from maka_eval.egress import credential
 from maka_eval.egress.policy import EgressPolicy
 from maka_eval.engine.expand import expand
 from maka_eval.engine.status import Trigger
+from maka_eval.executors.load import experiment_from_data
 from maka_eval.k8s import names
 from maka_eval.k8s.egress import GatewayAccess, GatewayRoute
 from maka_eval.k8s.render import (
@@ -25,7 +26,6 @@ from maka_eval.k8s.render import (
     pod_object,
 )
 from maka_eval.relay.plan import OWN_NETWORK, AttemptPlan
-from maka_eval.spec.load import experiment_from_data
 from tests.k8s.conftest import REPO, Kubectl
 
 EXAMPLE = REPO / "examples" / "hello" / "experiment.k8s.yaml"

@@ -9,10 +9,11 @@ from typing import Any
 
 import pytest
 
+from maka_eval.executors.load import load_experiment_file
 from maka_eval.local.events import Event
 from maka_eval.local.executor import LocalRun, RunOptions, RunReport
-from maka_eval.relay.processes import CancelToken
-from maka_eval.spec.load import LoadedExperiment, load_experiment_file
+from maka_eval.processes.supervisor import CancelToken
+from maka_eval.spec.load import LoadedExperiment
 from maka_eval.spec.task_directory import TaskDefinition, load_tasks
 from tests.helpers import make_task, write_experiment
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from maka_eval.engine.expand import Cell
+from maka_eval.executors.load import experiment_from_data
 from maka_eval.local.plans import attempt_plan
 from maka_eval.local.prerequisites import ResolvedCommands
 from maka_eval.sandbox.container.engine import EngineInfo
 from maka_eval.sandbox.container.images import build_tag
-from maka_eval.spec.load import experiment_from_data
 from maka_eval.spec.task_directory import load_task
 from tests.helpers import spec, write_script
 

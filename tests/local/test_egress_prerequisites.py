@@ -18,12 +18,12 @@ from maka_eval.contract.record import AttemptRecord
 from maka_eval.engine.expand import Cell
 from maka_eval.engine.status import AttemptStatus, StatusSource, Trigger
 from maka_eval.errors import PrerequisiteError
+from maka_eval.executors.load import experiment_from_data
 from maka_eval.local import prerequisites
 from maka_eval.local.plans import attempt_plan, egress_mode
 from maka_eval.local.prerequisites import ResolvedCommands
 from maka_eval.relay.plan import EgressPlan
 from maka_eval.sandbox.container.engine import EngineInfo, EngineProbe
-from maka_eval.spec.load import experiment_from_data
 from maka_eval.spec.task_directory import load_task
 from tests.helpers import make_task, spec
 

@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 
 from maka_eval.engine.status import AttemptStatus
+from maka_eval.executors.load import load_experiment_file
 from maka_eval.local.executor import LocalRun
 from maka_eval.sandbox.process import namespaces_unavailable
-from maka_eval.spec.load import load_experiment_file
 from maka_eval.spec.task_directory import load_tasks
 from maka_eval.store.run_store import artifact_path, read_run
 

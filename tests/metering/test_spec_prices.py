@@ -7,9 +7,9 @@ import pytest
 
 from maka_eval.engine.usage import Usage
 from maka_eval.errors import SpecError
+from maka_eval.executors.load import experiment_from_data
 from maka_eval.k8s.crds import KINDS, open_api_schema
 from maka_eval.metering.pricing import ModelPrice
-from maka_eval.spec.load import experiment_from_data
 from maka_eval.spec.metering import model_pattern_problem, prices_of, prices_summary
 from tests.helpers import spec
 

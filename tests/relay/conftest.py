@@ -10,10 +10,10 @@ import pytest
 
 from maka_eval.engine.classify import ResultContract
 from maka_eval.engine.launch import SubjectLaunch
+from maka_eval.processes.supervisor import CancelToken, ProcessSupervisor
 from maka_eval.relay.attempt import run_attempt
 from maka_eval.relay.outcome import AttemptOutcome
 from maka_eval.relay.plan import AttemptPlan
-from maka_eval.relay.processes import CancelToken, ProcessSupervisor
 from tests.helpers import REWARD_IF_DONE, make_task
 
 _counter = itertools.count()

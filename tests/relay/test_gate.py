@@ -68,8 +68,8 @@ def test_the_probe_reads_a_real_process():
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="a root process holds NET_RAW; others do not")
 def test_the_relay_refuses_a_plain_process_subject_and_starts_nothing(plan_for, tmp_path):
+    from maka_eval.processes.supervisor import CancelToken, ProcessSupervisor
     from maka_eval.relay.attempt import run_attempt
-    from maka_eval.relay.processes import CancelToken, ProcessSupervisor
 
     marker = tmp_path / "subject-ran"
     info = os.stat("/proc/self/ns/net")

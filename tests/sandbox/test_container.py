@@ -20,11 +20,11 @@ from typing import Any
 import pytest
 
 from maka_eval.engine.status import AttemptStatus
+from maka_eval.executors.load import load_experiment_file
 from maka_eval.local.executor import LocalRun, RunReport
 from maka_eval.sandbox.container.engine import client_for
 from maka_eval.sandbox.container.images import build_tag, image_builds
 from maka_eval.sandbox.container.removal import leftover_containers
-from maka_eval.spec.load import load_experiment_file
 from maka_eval.spec.task_directory import directory_digest, load_tasks
 from maka_eval.store.run_store import artifact_path, read_run
 from tests.helpers import write_script

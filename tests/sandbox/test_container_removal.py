@@ -23,9 +23,15 @@ from tests.sandbox.conftest import BASE_IMAGE
 
 
 class FakeApi:
-    def __init__(self, *, pausable: bool = True, removal_sec: float = 0.0) -> None:
+    def __init__(
+        self, *, pausable: bool = True, removal_sec: float = 0.0, held: bool = False
+    ) -> None:
         self.pausable = pausable
         self.removal_sec = removal_sec
+        self.release = threading.Event()
+        """A held removal lasts until the test sets this."""
+        if not held:
+            self.release.set()
         self.calls: list[tuple[str, str]] = []
         self.removed = threading.Event()
 
@@ -36,6 +42,8 @@ class FakeApi:
 
     def remove_container(self, container_id: str, force: bool, v: bool) -> None:
         assert force and v
+        # The deadline only ends a hang: a test releases a held removal itself.
+        assert self.release.wait(timeout=600), "the test never released the removal"
         time.sleep(self.removal_sec)
         self.calls.append(("remove", container_id))
         self.removed.set()
@@ -48,13 +56,13 @@ class FakeClient:
 
 def test_a_container_is_paused_now_and_removed_later():
     removals = Removals()
-    api = FakeApi(removal_sec=0.3)
-    started = time.monotonic()
+    api = FakeApi(held=True)
+    # The removal cannot finish before the release below: remove() returns without it.
     removals.remove(FakeClient(api), "c1", "/run/netns/cell-1")
-    assert time.monotonic() - started < 0.2  # not waiting for the removal
     assert api.calls == [("pause", "c1")]
     removals.wait_for("/run/netns/other")  # another namespace: nothing to wait for
     assert not api.removed.is_set()
+    api.release.set()
     removals.wait_for("/run/netns/cell-1")  # the same: its ports are free after this
     assert api.calls == [("pause", "c1"), ("remove", "c1")]
 
@@ -126,7 +134,7 @@ class InspectingApi:
 
 
 def test_an_image_is_inspected_once_per_run(monkeypatch):
-    from maka_eval.relay.plan import ContainerPlan
+    from maka_eval.sandbox.plans import ContainerPlan
 
     api = InspectingApi()
     monkeypatch.setattr(container_images, "client_for", lambda engine: FakeClient(api))
@@ -145,8 +153,8 @@ def test_an_image_is_inspected_once_per_run(monkeypatch):
 
 
 def _sandbox(tmp_path, engine, image, number):
-    from maka_eval.relay.plan import ContainerPlan
-    from maka_eval.relay.processes import ProcessSupervisor
+    from maka_eval.processes.supervisor import ProcessSupervisor
+    from maka_eval.sandbox.plans import ContainerPlan
 
     layout = sandbox_layout(tmp_path / f"attempt-{number}")
     return ContainerSandbox(

@@ -31,6 +31,7 @@ import yaml
 from maka_eval.contract.kernel import ResultKernel
 from maka_eval.engine.expand import expand
 from maka_eval.engine.status import AttemptStatus, StatusSource, Trigger
+from maka_eval.executors.load import experiment_from_data
 from maka_eval.k8s import relay_bundle
 from maka_eval.k8s.render import (
     RELAY_BUNDLE_IN_IMAGE,
@@ -40,7 +41,6 @@ from maka_eval.k8s.render import (
 )
 from maka_eval.k8s.results import pod_end
 from maka_eval.spec.experiment import KubernetesExecutorConfig
-from maka_eval.spec.load import experiment_from_data
 
 REPO = Path(__file__).resolve().parents[2]
 PODMAN_SH = REPO / "hack" / "podman.sh"

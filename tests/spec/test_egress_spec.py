@@ -8,9 +8,9 @@ import pytest
 
 from maka_eval.egress.policy import EgressPolicy
 from maka_eval.errors import SpecError
+from maka_eval.executors.load import experiment_from_data
 from maka_eval.relay.environment import egress_environment
 from maka_eval.spec.egress import EgressConfig, is_egress_env, policy_of
-from maka_eval.spec.load import experiment_from_data
 from tests.helpers import spec
 
 KUBERNETES: dict[str, Any] = {

@@ -10,8 +10,12 @@ import yaml
 from pydantic import ValidationError
 
 from maka_eval.errors import SpecError
+from maka_eval.executors.load import (
+    experiment_from_data,
+    load_experiment_file,
+    load_experiment_text,
+)
 from maka_eval.spec.experiment import Experiment
-from maka_eval.spec.load import experiment_from_data, load_experiment_file, load_experiment_text
 from maka_eval.spec.subjects import ExternalSubject
 from tests.helpers import BAD_CREDENTIAL_SUBJECTS, spec
 

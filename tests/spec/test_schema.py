@@ -23,11 +23,11 @@ from pydantic.fields import FieldInfo
 from pydantic.json_schema import SkipJsonSchema
 
 from maka_eval.errors import SpecError
+from maka_eval.executors.load import experiment_from_data
 from maka_eval.spec import experiment as experiment_models
 from maka_eval.spec import rules, subjects
 from maka_eval.spec.base import Check, SchemaOnly
 from maka_eval.spec.experiment import Experiment, ExperimentSpec
-from maka_eval.spec.load import experiment_from_data
 from maka_eval.spec.schema import SchemaError, structural_schema
 from tests.helpers import spec
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from maka_eval.errors import TaskError
-from maka_eval.spec.load import experiment_from_data
+from maka_eval.executors.load import experiment_from_data
 from maka_eval.spec.task_directory import Healthcheck, directory_digest, load_task, load_tasks
 from tests.helpers import loaded_task, make_task, spec
 

@@ -23,8 +23,8 @@ from maka_eval.engine.budget import BudgetState, budget_state
 from maka_eval.engine.expand import Cell, Expansion, expand
 from maka_eval.engine.selection import CellState, cell_state, select_result
 from maka_eval.errors import Problem
+from maka_eval.executors.load import experiment_from_data
 from maka_eval.spec.experiment import Experiment
-from maka_eval.spec.load import experiment_from_data
 from maka_eval.store.attempts import collector_paused
 from maka_eval.store.integrity import Integrity
 from maka_eval.store.lock import LockInfo, LockState

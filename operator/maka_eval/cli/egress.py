@@ -16,6 +16,7 @@ from rich import box
 from rich.table import Table
 from rich.text import Text
 
+from maka_eval.cli.console import out
 from maka_eval.egress.policy import EgressPolicy, Verdict, normalize_url
 from maka_eval.errors import Problem, SpecError
 from maka_eval.spec.egress import EgressConfig, policy_of
@@ -59,7 +60,7 @@ def describe_policy(policy: EgressPolicy) -> str:
 
 def _spec_policy(spec: Path) -> tuple[EgressPolicy | None, str]:
     """The policy of the experiment file `spec` (None: mode 'none'), and its description."""
-    from maka_eval.spec.load import load_experiment_file
+    from maka_eval.executors.load import load_experiment_file
 
     loaded = load_experiment_file(spec)
     prefix = "spec." if loaded.form == "kubernetes" else ""
@@ -128,8 +129,6 @@ def check(
     ] = None,
 ) -> None:
     """Tell whether the egress policy blocks each URL (exit 3 if any is blocked)."""
-    from maka_eval.cli.main import out
-
     if spec is not None and preset is not None:
         raise typer.BadParameter(
             "name either an experiment (--spec) or a preset (--preset), not both",

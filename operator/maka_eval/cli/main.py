@@ -23,13 +23,18 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 
 from maka_eval import __version__
-from maka_eval.analysis.source import AttemptSource, RunDirectorySource
-from maka_eval.analysis.summary import RunSummary, summarize_source
+from maka_eval.analysis.source import RunDirectorySource
+from maka_eval.analysis.summary import RunSummary
+from maka_eval.cli import egress as egress_cli
+from maka_eval.cli import plan as plan_cli
 from maka_eval.cli import render
+from maka_eval.cli import report as report_cli
+from maka_eval.cli.console import err, out
+from maka_eval.cli.integrity import CLUSTER_DAMAGE, DIRECTORY_DAMAGE, exit_if_failed, summarize
+from maka_eval.cli.integrity import VERIFICATION_FAILED as VERIFICATION_FAILED  # exit code 3
 from maka_eval.cli.progress import RunProgress
 from maka_eval.engine.expand import expand
 from maka_eval.errors import MakaEvalError, PrerequisiteError
@@ -38,12 +43,12 @@ from maka_eval.executors.attempts import (
     plugin_of,
     readiness_problems,
 )
+from maka_eval.executors.load import load_experiment_file
 from maka_eval.local.executor import LocalRun, RunOptions, RunReport
 from maka_eval.local.prerequisites import check_prerequisites, work_root_path
-from maka_eval.process_table import ProcessEntry
-from maka_eval.spec.load import LoadedExperiment, load_experiment_file
+from maka_eval.processes.table import ProcessEntry
+from maka_eval.spec.load import LoadedExperiment
 from maka_eval.spec.task_directory import TaskDefinition, load_tasks
-from maka_eval.store.integrity import SealState
 from maka_eval.store.lock import unlock
 from maka_eval.store.run_store import read_run
 
@@ -56,9 +61,6 @@ app = typer.Typer(
     # Plain help: typer's rich panels label every option with a Python type, flags too.
     rich_markup_mode=None,
 )
-# Tables stay readable in logs and pipes, where rich would otherwise assume 80 columns.
-out = Console(width=None if sys.stdout.isatty() else 160)
-err = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
 
 
 def _wide() -> bool:
@@ -205,51 +207,12 @@ def run(
             f"[yellow]{missing} cell(s) have no result[/yellow]: see `maka-eval status {out_dir}`"
         )
     out.print(f"[dim]details: maka-eval results {out_dir}[/dim]")
-    _exit_if_failed(summary)
-
-
-VERIFICATION_FAILED = 3
-"""The exit code when attempt records failed verification (see the module's doc)."""
-
-DIRECTORY_DAMAGE = (
-    "maka-eval never rewrites a record: they were tampered with after they were "
-    "written, and a writer refuses to resume this run"
-)
+    exit_if_failed(summary)
 
 
 def _summary(run_dir: Path) -> RunSummary:
     """Summarize a run directory; what fails verification is warned about (stderr)."""
-    return _summarize(RunDirectorySource(run_dir), DIRECTORY_DAMAGE)
-
-
-def _summarize(source: AttemptSource, why: str) -> RunSummary:
-    """Summarize a source; records that fail verification are warned about (stderr,
-    each named, with `why`) and left out; an unverifiable run is said to be so."""
-    summary = summarize_source(source)
-    integrity = summary.integrity
-    if summary.damaged:
-        err.print(
-            f"[red]warning:[/red] {len(summary.damaged)} attempt record(s) in "
-            f"{summary.run_dir} FAILED VERIFICATION and are left out of these results "
-            f"({why}):",
-            highlight=False,
-            soft_wrap=True,
-        )
-        for problem in summary.damaged:
-            err.print(f"  - {problem}", highlight=False, markup=False, soft_wrap=True)
-    if integrity is not None and integrity.state in (SealState.UNVERIFIED, SealState.UNSIGNED):
-        err.print(
-            f"[yellow]warning:[/yellow] {escape(summary.run_dir)}: {escape(integrity.describe())}",
-            highlight=False,
-            soft_wrap=True,
-        )
-    return summary
-
-
-def _exit_if_failed(*summaries: RunSummary) -> None:
-    """Exit 3 (after everything else is printed) when records failed verification."""
-    if any(summary.damaged for summary in summaries):
-        raise typer.Exit(VERIFICATION_FAILED)
+    return summarize(RunDirectorySource(run_dir), DIRECTORY_DAMAGE)
 
 
 RunDirArgument = Annotated[
@@ -302,13 +265,7 @@ def _read_summary(run_dir: Path | None, cluster: str | None, kubeconfig: Path | 
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--cluster") from None
     source = ClusterSource(connect(kubeconfig), namespace, name)
-    return _summarize(source, CLUSTER_DAMAGE)
-
-
-CLUSTER_DAMAGE = (
-    "their Attempt's spec or status.result does not parse, or its Cell disagrees; "
-    "`kubectl get attempt -n NAMESPACE NAME -o yaml` shows one"
-)
+    return summarize(source, CLUSTER_DAMAGE)
 
 
 def _say_where_workspaces_are(report: RunReport) -> None:
@@ -333,7 +290,7 @@ def status(
     verifying its records found (exit 3 when records failed verification)."""
     summary = _read_summary(run_dir, cluster, kubeconfig)
     out.print(render.status_view(summary, bar=_wide()))
-    _exit_if_failed(summary)
+    exit_if_failed(summary)
 
 
 @app.command()
@@ -355,22 +312,16 @@ def results(
         sys.stdout.write(render.results_csv(summary))
     else:
         out.print(render.results_table(summary, bar=_wide()))
-    _exit_if_failed(summary)
+    exit_if_failed(summary)
 
 
-# `report`: the full analysis; its module imports this one's helpers only when it runs.
-from maka_eval.cli import report as report_cli  # noqa: E402
-
+# `report`: the full analysis.
 app.command(name="report")(report_cli.report_command)
 
 # `plan`: power before running (the smallest detectable difference, tasks x repetitions).
-from maka_eval.cli import plan as plan_cli  # noqa: E402
-
 app.command(name="plan")(plan_cli.plan_command)
 
 # `egress check`: the contamination blocklist, as the proxy applies it.
-from maka_eval.cli import egress as egress_cli  # noqa: E402
-
 app.add_typer(egress_cli.app, name="egress")
 
 

@@ -18,6 +18,8 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from maka_eval.cli.console import out
+
 if TYPE_CHECKING:
     from maka_eval.analysis.planning import Design, Source
 
@@ -100,9 +102,10 @@ def plan_command(
     repetitions that difference needs."""
     from maka_eval.analysis.planning import Source, design_of, measured_sources
     from maka_eval.analysis.power import assumed_components
-    from maka_eval.cli.main import _summary, out
+    from maka_eval.analysis.source import RunDirectorySource
+    from maka_eval.cli.integrity import DIRECTORY_DAMAGE, summarize
     from maka_eval.engine.expand import expand
-    from maka_eval.spec.load import load_experiment_file
+    from maka_eval.executors.load import load_experiment_file
 
     _check_range(alpha, 0, 1, "--alpha", "the significance level is a probability")
     _check_range(power, 0, 1, "--power", "the power is a probability")
@@ -162,7 +165,7 @@ def plan_command(
             "measure them with --from RUN_DIR)"
         )
     else:
-        summary = _summary(from_run)
+        summary = summarize(RunDirectorySource(from_run), DIRECTORY_DAMAGE)
         sources, constant = measured_sources(summary)
         notes += [
             f"{name}: every task gave the same difference on that run (no variance to "

@@ -16,6 +16,8 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from maka_eval.cli.console import out
+
 if TYPE_CHECKING:
     from maka_eval.analysis.comparison import PairComparison
     from maka_eval.analysis.report import Report
@@ -29,7 +31,7 @@ def _sources(
 ) -> list[tuple[AttemptSource, str]]:
     """The runs to report on (A first), each with why its damaged records are left out."""
     from maka_eval.analysis.source import RunDirectorySource
-    from maka_eval.cli.main import CLUSTER_DAMAGE, DIRECTORY_DAMAGE
+    from maka_eval.cli.integrity import CLUSTER_DAMAGE, DIRECTORY_DAMAGE
 
     if cluster is None and kubeconfig is not None:
         raise typer.BadParameter(
@@ -128,8 +130,8 @@ def report_command(
     """The full analysis: per-arm intervals, paired comparisons with exact tests, losses;
     writes report.html, cells.csv and summary.json (records that fail verification are
     left out, listed in the report and on stderr, and exit 3)."""
-    from maka_eval.analysis.report import build_and_write_report
-    from maka_eval.cli.main import _exit_if_failed, _summarize, out
+    from maka_eval.analysis.report_files import build_and_write_report
+    from maka_eval.cli.integrity import exit_if_failed, summarize
 
     run_dirs = [p for p in (run_dir, run_dir_b) if p is not None]
     # A large run takes seconds to read: say what is going on (on a terminal only). The
@@ -137,7 +139,7 @@ def report_command(
     with out.status("reading the attempt records ...") as status:
         sources = _sources(run_dirs, cluster, kubeconfig)
         status.update("summarizing the cells ...")
-        summaries: list[RunSummary] = [_summarize(source, why) for source, why in sources]
+        summaries: list[RunSummary] = [summarize(source, why) for source, why in sources]
     target = out_dir if out_dir is not None else _default_out(run_dirs, cluster)
     if out.is_terminal:
         out.print("analysing and writing the report ...", style="dim", highlight=False)
@@ -155,7 +157,7 @@ def report_command(
         markup=False,
         soft_wrap=True,
     )
-    _exit_if_failed(*summaries)
+    exit_if_failed(*summaries)
 
 
 # -- the terminal view ------------------------------------------------------------------

@@ -7,12 +7,9 @@ has covered as many tasks as it could; cells within a group follow the subject o
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from maka_eval.spec.experiment import Experiment
+from typing import Protocol
 
 
 def cell_id(task_id: str, repetition: int, subject_id: str) -> str:
@@ -120,7 +117,29 @@ def _cell(task_id: str, repetition: int, subject_id: str) -> Cell:
     return cell
 
 
-def expand(experiment: Experiment) -> Expansion:
+class _Identified(Protocol):
+    @property
+    def id(self) -> str: ...
+
+
+class _ExpandedSpec(Protocol):
+    @property
+    def tasks(self) -> Sequence[_Identified]: ...
+    @property
+    def subjects(self) -> Sequence[_Identified]: ...
+    @property
+    def repetitions(self) -> int: ...
+
+
+class Expandable(Protocol):
+    """What expansion reads of an experiment (spec.experiment.Experiment): the engine
+    sits below the spec and takes its values, not its models."""
+
+    @property
+    def spec(self) -> _ExpandedSpec: ...
+
+
+def expand(experiment: Expandable) -> Expansion:
     """All cells and task groups of an experiment."""
     spec = experiment.spec
     return expand_ids(

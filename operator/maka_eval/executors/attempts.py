@@ -29,7 +29,7 @@ from maka_eval.artifacts import Redactor, digest_file
 from maka_eval.contract.fields import ContractError
 from maka_eval.contract.kernel import ResultKernel
 from maka_eval.contract.record import AttemptRecord, utc_from_epoch
-from maka_eval.engine.launch import SubjectLaunch, subject_launch
+from maka_eval.engine.launch import SubjectLaunch
 from maka_eval.engine.reconcile import Start
 from maka_eval.engine.status import AttemptStatus
 from maka_eval.errors import MakaEvalError, PrerequisiteError, Problem
@@ -44,7 +44,7 @@ from maka_eval.executors.base import (
     failure_kernel,
 )
 from maka_eval.spec.experiment import Experiment, PluginExecutor
-from maka_eval.spec.subjects import ExternalSubject, OracleSubject, Subject
+from maka_eval.spec.subjects import ExternalSubject, OracleSubject, Subject, subject_launch
 from maka_eval.spec.task_directory import TaskDefinition
 from maka_eval.store.run_store import AttemptSlot, RunWriter
 

@@ -13,7 +13,8 @@ from __future__ import annotations
 from maka_eval.engine.expand import Cell
 from maka_eval.engine.launch import SubjectLaunch
 from maka_eval.engine.modes import EgressMode, Isolation
-from maka_eval.relay.plan import AttemptPlan, ContainerPlan, EgressPlan, MeteringPlan, with_task
+from maka_eval.relay.plan import AttemptPlan, EgressPlan, MeteringPlan, with_task
+from maka_eval.sandbox.plans import ContainerPlan
 from maka_eval.spec.experiment import Experiment
 from maka_eval.spec.task_directory import TaskDefinition
 
@@ -29,7 +30,7 @@ def plan_attempt(
     subject: SubjectLaunch,
     isolation: Isolation,
     task: TaskDefinition | None,
-    task_dir: str,
+    task_dir: str | None,
     spec_egress: EgressMode | None = None,
     hidden: tuple[str, ...] = (),
     visible: tuple[str, ...] = (),
@@ -39,8 +40,10 @@ def plan_attempt(
     metering: MeteringPlan | None = None,
 ) -> AttemptPlan:
     """The relay plan for one attempt of `cell`. `task` is the task as read by the
-    executor (None: only the relay can read it, from `task_dir`); `spec_egress` is
-    executor.config.egress's mode, `egress` the policed network made for the cell."""
+    executor (None: only the relay can read it, from `task_dir`; both None: a task
+    that is not on this machine, which Harbor fetches and applies itself, so the plan
+    names no task file); `spec_egress` is executor.config.egress's mode, `egress` the
+    policed network made for the cell."""
     spec = experiment.spec
     defaults = spec.execution.default_timeouts
     plan = AttemptPlan(
@@ -53,8 +56,8 @@ def plan_attempt(
         root=root,
         artifacts_dir=artifacts_dir,
         # Until the task's own settings are applied: where a task keeps them.
-        instruction_file=f"{task_dir}/instruction.md",
-        tests_dir=f"{task_dir}/tests",
+        instruction_file=f"{task_dir}/instruction.md" if task_dir is not None else "",
+        tests_dir=f"{task_dir}/tests" if task_dir is not None else "",
         environment_dir=None,
         subject=subject,
         agent_timeout_sec=defaults.agent_sec,

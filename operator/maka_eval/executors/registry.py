@@ -8,11 +8,9 @@ an experiment names their kind.
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import functools
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from importlib.metadata import EntryPoint, entry_points
 
 from maka_eval.executors.base import ENTRY_POINT_GROUP, ExecutorPlugin
@@ -79,32 +77,14 @@ def installed_kinds() -> tuple[str, ...]:
     return (*BUILTIN_KINDS, *others)
 
 
-_reading_records: contextvars.ContextVar[bool] = contextvars.ContextVar(
-    "maka_eval_reading_records", default=False
-)
+def kind_problem(kind: str, *, frozen: bool = False) -> str | None:
+    """Why `kind` cannot be used (one line naming the installed kinds and the fix), or None.
 
-
-@contextlib.contextmanager
-def reading_records() -> Iterator[None]:
-    """While reading a run's frozen experiment: a plug-in kind need not be installed
+    `frozen`: reading a run's frozen experiment, whose plug-in need not be installed here
     (the records and results of a run are readable anywhere)."""
-    token = _reading_records.set(True)
-    try:
-        yield
-    finally:
-        _reading_records.reset(token)
-
-
-def may_be_uninstalled() -> bool:
-    """Whether a plug-in kind may be missing here (see `reading_records`)."""
-    return _reading_records.get()
-
-
-def kind_problem(kind: str) -> str | None:
-    """Why `kind` cannot be used (one line naming the installed kinds and the fix), or None."""
     if kind in REFUSED_KINDS:
         return REFUSED_KINDS[kind]
-    if kind in BUILTIN_KINDS or kind in installed() or may_be_uninstalled():
+    if kind in BUILTIN_KINDS or kind in installed() or frozen:
         return None
     kinds = ", ".join(f"'{k}'" for k in installed_kinds())
     return f"no executor '{kind}' is installed (installed: {kinds}); {INSTALL_HINT}"
@@ -166,7 +146,5 @@ __all__ = [
     "installed_kinds",
     "kind_problem",
     "load",
-    "may_be_uninstalled",
-    "reading_records",
     "refresh",
 ]

@@ -17,14 +17,15 @@ import re
 import subprocess
 import threading
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from maka_eval import strict_json
 from maka_eval.artifacts import Redactor
 from maka_eval.contract.kernel import ResultKernel
-from maka_eval.engine.classify import ResultContract
-from maka_eval.engine.launch import SubjectLaunch, subject_launch
+from maka_eval.engine.launch import SOLUTION_DIR_NAME, SubjectLaunch
+from maka_eval.engine.modes import EgressMode, Isolation
 from maka_eval.errors import PrerequisiteError, Problem
 from maka_eval.executors.base import (
     CONFIG_PATH,
@@ -32,6 +33,8 @@ from maka_eval.executors.base import (
     Prerequisite,
     RunContext,
 )
+from maka_eval.executors.plan import plan_attempt
+from maka_eval.harbor.bridge.plan_file import PlanFile
 from maka_eval.harbor.config import (
     HARBOR_VERSION,
     PYTHON_ENV,
@@ -46,9 +49,10 @@ from maka_eval.harbor.worker import (
     probe,
     stage_bridge,
 )
-from maka_eval.process_table import RUN_MARKER
+from maka_eval.relay.plan import AttemptPlan, PlanError
 from maka_eval.spec.experiment import Experiment
-from maka_eval.spec.subjects import MakaSubject, Subject
+from maka_eval.spec.subjects import MakaSubject, OracleSubject, Subject, subject_launch
+from maka_eval.spec.task_directory import TaskDefinition, load_task
 
 RELAY_AGENT = "maka_eval_harbor.agent:RelayAgent"
 TASK_CONFIG_KEYS = frozenset({"path", "name", "ref"})
@@ -75,8 +79,6 @@ def _probe_cached(
 
 
 def _decode(text: str) -> dict[str, Any]:
-    from maka_eval import strict_json
-
     value = strict_json.loads(text)
     assert isinstance(value, dict)
     return value
@@ -266,12 +268,11 @@ class HarborExecutor:
             run = self._runs.get(request.attempt.run_id)
         if run is None:
             raise RuntimeError("the harbor executor was not prepared for this run")
-        experiment = run.context.experiment
         launch = self._launch(request.subject, request.launch, run.config)
         private = request.work_dir / "relay"
         private.mkdir(parents=True, exist_ok=True, mode=0o700)
         plan_path = private / "plan.json"
-        self._write_plan(plan_path, request, launch, run, private)
+        plan = self._write_plan(plan_path, request, launch, run, private)
         name = _trial_name(request)
         trial_config = {
             "task": self._task_config(request, run),
@@ -279,11 +280,11 @@ class HarborExecutor:
             "trials_dir": str(run.trials_dir),
             "agent": {
                 "import_path": RELAY_AGENT,
-                "override_timeout_sec": request.task.agent_timeout_sec,
+                "override_timeout_sec": plan.agent_timeout_sec,
                 "kwargs": {"plan": str(plan_path)},
             },
             "environment": harbor_environment(run.config),
-            "verifier": {"override_timeout_sec": request.task.verifier_timeout_sec},
+            "verifier": {"override_timeout_sec": plan.verifier_timeout_sec},
         }
         cancelled = threading.Event()
         request.cancel.on_cancel(cancelled.set)
@@ -295,12 +296,11 @@ class HarborExecutor:
             request.deadline,
         )
         plan_path.unlink(missing_ok=True)  # if the agent never ran, it still holds secrets
-        contract = launch.contract if launch is not None else ResultContract.EXIT_CODE
         return trial_kernel(
             done.trial_dir,
-            contract=contract,
-            score_key=experiment.spec.verifier.config.score_key,
-            agent_timeout_sec=request.task.agent_timeout_sec,
+            contract=plan.subject.contract,
+            score_key=plan.score_key,
+            agent_timeout_sec=plan.agent_timeout_sec,
             artifacts_dir=request.artifacts_dir,
             redactor=Redactor.of(dict(request.credentials)),
             error=done.error,
@@ -318,12 +318,10 @@ class HarborExecutor:
 
     @staticmethod
     def _task_config(request: AttemptRequest, run: _Run) -> dict[str, Any]:
-        given = dict(request.task.config)
-        if request.task.directory is not None:
-            return {"path": str(request.task.directory)}
-        if "path" in given:
-            path = Path(str(given["path"]))
-            return {"path": str(path if path.is_absolute() else run.context.base_dir / path)}
+        folder = task_folder(request, run.context.base_dir)
+        if folder is not None:
+            return {"path": str(folder)}
+        given = request.task.config
         return {k: given[k] for k in ("name", "ref") if k in given}
 
     @staticmethod
@@ -333,44 +331,107 @@ class HarborExecutor:
         launch: SubjectLaunch | None,
         run: _Run,
         private: Path,
-    ) -> None:
-        """The relay Agent's plan: the subject, and its credentials (mode 0600, in the
-        attempt's private folder; the agent deletes it once read)."""
-        cell = request.cell
-        upload = None
-        argv: list[str] = list(launch.argv) if launch is not None else []
-        if request.subject.kind in ("external", "maka") and argv and "/" in argv[0]:
-            program = Path(argv[0])
-            program = program if program.is_absolute() else run.context.base_dir / program
-            if not program.is_file():
-                raise FileNotFoundError(f"the subject's program {program} is not a file")
-            upload = str(program.resolve())
-        task_dir = request.task.directory
-        if task_dir is None and "path" in request.task.config:
-            task_dir = Path(HarborExecutor._task_config(request, run)["path"])
-        plan = {
-            "attemptId": request.attempt.attempt_id,
-            "kind": request.subject.kind,
-            "argv": argv,
-            "contract": launch.contract.value if launch is not None else "exit-code",
-            "env": dict(launch.env) if launch is not None else {},
-            "credentials": dict(request.credentials),
-            "attemptEnv": {
-                RUN_MARKER: request.attempt.run_id,
-                "MAKA_EVAL_CELL_ID": cell.id,
-                "MAKA_EVAL_TASK_ID": cell.task_id,
-                "MAKA_EVAL_REPETITION": str(cell.repetition),
-                "MAKA_EVAL_SUBJECT_ID": cell.subject_id,
-            },
-            "upload": upload,
-            "instruction": request.task.instruction,
-            "taskDir": str(task_dir) if task_dir is not None else None,
-            "workDir": str(private),
-            "outputLimit": run.context.experiment.spec.execution.max_output_bytes,
-        }
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as handle:
-            json.dump(plan, handle)
+    ) -> AttemptPlan:
+        """The relay Agent's plan file: the attempt plan every executor makes
+        (`plan_attempt`), and beside it what only this attempt's bridge may know (the
+        credentials' values, which an AttemptPlan never holds). Mode 0600, in the
+        attempt's private folder; the agent deletes it once read."""
+        plan, upload = harbor_plan(
+            request, launch, run.context.experiment, run.context.base_dir, private
+        )
+        folder = task_folder(request, run.context.base_dir)
+        PlanFile(
+            plan=plan,
+            kind=request.subject.kind,
+            credentials=request.credentials,
+            upload=upload,
+            instruction=request.task.instruction,
+            task_dir=str(folder) if folder is not None else None,
+        ).write(path)
+        return plan
+
+
+def task_folder(request: AttemptRequest, base_dir: Path) -> Path | None:
+    """The task's folder on this machine (None: a dataset task Harbor fetches itself)."""
+    if request.task.directory is not None:
+        return request.task.directory
+    given = request.task.config.get("path")
+    if given is None:
+        return None
+    path = Path(str(given))
+    return path if path.is_absolute() else base_dir / path
+
+
+def harbor_plan(
+    request: AttemptRequest,
+    launch: SubjectLaunch | None,
+    experiment: Experiment,
+    base_dir: Path,
+    root: Path,
+) -> tuple[AttemptPlan, str | None]:
+    """The attempt's plan, as every executor makes it (`plan_attempt`, the task's own
+    settings applied when the task is on this machine), and the host file of the
+    subject's program to upload into the environment (None: the image's own command).
+
+    `launch` is the subject's (`HarborExecutor._launch`); `root` is the attempt's
+    private folder the bridge works in. PlanError when the task cannot run as planned.
+    """
+    cell, subject = request.cell, request.subject
+    folder = task_folder(request, base_dir)
+    task: TaskDefinition | None = None
+    if folder is not None:
+        task, problems = load_task(
+            cell.task_id,
+            folder,
+            f"task {cell.task_id}",
+            request.host_env,
+            phase_networks=False,  # Harbor runs each phase's network itself
+            withheld=frozenset(_declared_credentials(experiment)),
+        )
+        if task is None:
+            raise PlanError("; ".join(f"{p.where}: {p.message}" for p in problems))
+    upload: str | None = None
+    if isinstance(subject, OracleSubject):
+        # Harbor's own oracle agent runs solve.sh; the plan says where it is, as the
+        # other executors' plans do.
+        if folder is None:
+            raise PlanError(
+                f"the oracle runs the task's solution/solve.sh, but task {cell.task_id} is "
+                "a Harbor dataset task with no folder on this machine; give it by `path`"
+            )
+        launch = subject_launch(
+            subject,
+            solution_dir=str(folder / SOLUTION_DIR_NAME),
+            solution_script=str(root / SOLUTION_DIR_NAME / "solve.sh"),
+            solution_env={},  # the task's own, applied with its other settings
+        )
+    elif launch is None:
+        raise PlanError(f"subject '{subject.id}' has no launch (executor.config.runtimeHost?)")
+    elif subject.kind in ("external", "maka") and "/" in launch.argv[0]:
+        # A program named by a path is a file of this machine, uploaded to /maka/bin/.
+        program = Path(launch.argv[0])
+        program = program if program.is_absolute() else base_dir / program
+        if not program.is_file():
+            raise FileNotFoundError(f"the subject's program {program} is not a file")
+        upload = str(program.resolve())
+        launch = replace(launch, argv=(upload, *launch.argv[1:]))
+    config = experiment.spec.executor_egress
+    plan = plan_attempt(
+        experiment,
+        cell,
+        run_id=request.attempt.run_id,
+        attempt_id=request.attempt.attempt_id,
+        root=str(root),
+        artifacts_dir=str(request.artifacts_dir),
+        subject=launch,
+        # Harbor's environment is the sandbox (recorded as 'container' by
+        # harbor.results); maka-eval's own sandbox is not used.
+        isolation=Isolation.AUTO,
+        task=task,
+        task_dir=str(folder) if folder is not None else None,
+        spec_egress=EgressMode(config.mode) if config is not None else None,
+    )
+    return plan, upload
 
 
 def _trial_name(request: AttemptRequest) -> str:

@@ -2,8 +2,10 @@
 
 Harbor runs in its own Python (MAKA_EVAL_HARBOR_PYTHON), never in maka-eval's. The
 bridge package (`bridge/`, stdlib and Harbor only) is copied to a private folder as
-`maka_eval_harbor` and put on that interpreter's PYTHONPATH. One worker process per run
-runs the attempts' trials concurrently (bridge/worker.py has the protocol).
+`maka_eval_harbor` and put on that interpreter's PYTHONPATH, beside the standard-library
+part of `maka_eval` it reads the attempt plan with (`PLAN_READER`: the relay's own plan
+reader and the layout, the same files the relay runs with in a Pod). One worker process
+per run runs the attempts' trials concurrently (bridge/worker.py has the protocol).
 """
 
 from __future__ import annotations
@@ -24,8 +26,30 @@ from typing import IO, Any
 from maka_eval import strict_json
 
 BRIDGE_DIR = Path(__file__).resolve().parent / "bridge"
-STRICT_JSON = Path(__file__).resolve().parents[1] / "strict_json.py"
+MAKA_EVAL_DIR = Path(__file__).resolve().parents[1]
 PACKAGE = "maka_eval_harbor"
+PLAN_READER = (
+    "__init__.py",
+    "layout.py",
+    "strict_json.py",
+    "engine/__init__.py",
+    "engine/classify.py",
+    "engine/environment.py",
+    "engine/launch.py",
+    "engine/modes.py",
+    "engine/status.py",
+    "engine/task_settings.py",
+    "engine/usage.py",
+    "metering/__init__.py",
+    "metering/pricing.py",
+    "relay/__init__.py",
+    "relay/plan.py",
+    "sandbox/__init__.py",
+    "sandbox/plans.py",
+)
+"""What `maka_eval.relay.plan` (AttemptPlan.from_json) and `maka_eval.layout` load, all
+standard library only: staged as `maka_eval` so the bridge reads the plan with the
+relay's reader (tests/harbor/test_bridge.py checks this is exactly what they load)."""
 PROBE_TIMEOUT_SEC = 120.0
 READY_TIMEOUT_SEC = 120.0
 
@@ -35,13 +59,16 @@ class WorkerError(RuntimeError):
 
 
 def stage_bridge(folder: Path) -> Path:
-    """Copy the bridge into `folder` as the package `maka_eval_harbor`; return the folder
-    to put on PYTHONPATH."""
+    """Copy the bridge into `folder` as the package `maka_eval_harbor`, and the plan
+    reader as `maka_eval`; return the folder to put on PYTHONPATH."""
     package = folder / PACKAGE
     package.mkdir(parents=True, exist_ok=True)
     for source in sorted(BRIDGE_DIR.glob("*.py")):
         shutil.copyfile(source, package / source.name)
-    shutil.copyfile(STRICT_JSON, package / "strict_json.py")
+    for name in PLAN_READER:
+        target = folder / "maka_eval" / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(MAKA_EVAL_DIR / name, target)
     return folder
 
 

@@ -51,7 +51,7 @@ from maka_eval import layout
 from maka_eval.egress import sidecar
 from maka_eval.egress.policy import EgressPolicy
 from maka_eval.engine.expand import Cell
-from maka_eval.engine.launch import SOLUTION_DIR_NAME, subject_launch
+from maka_eval.engine.launch import SOLUTION_DIR_NAME
 from maka_eval.engine.modes import Isolation
 from maka_eval.engine.status import Trigger
 from maka_eval.executors.plan import plan_attempt
@@ -63,7 +63,7 @@ from maka_eval.relay.plan import OWN_NETWORK, AttemptPlan, EgressPlan, MeteringP
 from maka_eval.spec.egress import policy_of
 from maka_eval.spec.experiment import API_GROUP, Experiment, KubernetesExecutorConfig
 from maka_eval.spec.metering import prices_of
-from maka_eval.spec.subjects import ExternalSubject, MakaSubject
+from maka_eval.spec.subjects import ExternalSubject, MakaSubject, subject_launch
 
 API_VERSION = f"{API_GROUP}/{VERSION}"
 MOUNT_ROOT = "/maka"

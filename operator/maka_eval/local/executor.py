@@ -80,10 +80,10 @@ from maka_eval.local.prerequisites import (
     check_prerequisites,
     work_root_path,
 )
+from maka_eval.processes.supervisor import CancelToken, ProcessSupervisor
 from maka_eval.relay.attempt import run_attempt
 from maka_eval.relay.outcome import AttemptOutcome, build_kernel
 from maka_eval.relay.plan import MeteringPlan
-from maka_eval.relay.processes import CancelToken, ProcessSupervisor
 from maka_eval.sandbox.container.engine import client_for
 from maka_eval.sandbox.container.images import forget_images
 from maka_eval.sandbox.container.removal import drain_removals, remove_leftovers

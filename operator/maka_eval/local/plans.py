@@ -6,17 +6,18 @@ from pathlib import Path
 
 from maka_eval.egress.policy import EgressPolicy
 from maka_eval.engine.expand import Cell
-from maka_eval.engine.launch import SOLUTION_DIR_NAME, subject_launch
+from maka_eval.engine.launch import SOLUTION_DIR_NAME
 from maka_eval.engine.modes import EgressMode, Isolation, NetworkMode, container_network
 from maka_eval.engine.modes import egress_mode as decide_egress
 from maka_eval.executors.plan import plan_attempt
 from maka_eval.local.prerequisites import RUNTIME_HOST, ResolvedCommands
-from maka_eval.relay.plan import AttemptPlan, ContainerPlan, EgressPlan
+from maka_eval.relay.plan import AttemptPlan, EgressPlan
 from maka_eval.sandbox.container.images import build_tag
 from maka_eval.sandbox.holders import SYSTEM_FOLDERS
+from maka_eval.sandbox.plans import ContainerPlan
 from maka_eval.spec.egress import policy_of
 from maka_eval.spec.experiment import Experiment
-from maka_eval.spec.subjects import ExternalSubject, MakaSubject, Subject
+from maka_eval.spec.subjects import ExternalSubject, MakaSubject, Subject, subject_launch
 from maka_eval.spec.task_directory import TaskDefinition
 
 

@@ -19,9 +19,9 @@ from typing import Any
 
 from maka_eval.engine.modes import Isolation
 from maka_eval.engine.status import AttemptStatus
+from maka_eval.processes.supervisor import CancelToken, ProcessSupervisor
 from maka_eval.relay.attempt import run_attempt
 from maka_eval.relay.plan import OWN_NETWORK, AttemptPlan, PlanError, with_task_dir
-from maka_eval.relay.processes import CancelToken, ProcessSupervisor
 
 EXIT_NOT_COMPLETED = 1
 EXIT_BAD_PLAN = 2

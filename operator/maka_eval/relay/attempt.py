@@ -38,7 +38,9 @@ from maka_eval.engine.launch import SOLUTION_DIR_NAME
 from maka_eval.engine.modes import Isolation
 from maka_eval.engine.task_settings import StepPlan
 from maka_eval.printable import escaped
-from maka_eval.process_table import RUN_MARKER
+from maka_eval.processes.output import DiskFull, OutputCapture
+from maka_eval.processes.supervisor import CancelToken, ProcessSupervisor, WaitEnd
+from maka_eval.processes.table import RUN_MARKER
 from maka_eval.relay import steps
 from maka_eval.relay.environment import (
     RESOLV_CONF,
@@ -54,9 +56,7 @@ from maka_eval.relay.frame import MAX_FRAME_BYTES, read_frame
 from maka_eval.relay.gate import PROBE_TIMEOUT_SEC, probe_argv, read_evidence, refusal
 from maka_eval.relay.metering import recover_metered
 from maka_eval.relay.outcome import AttemptOutcome, build_kernel
-from maka_eval.relay.output import DiskFull, OutputCapture
 from maka_eval.relay.plan import AttemptPlan, EgressPlan
-from maka_eval.relay.processes import CancelToken, ProcessSupervisor, WaitEnd
 from maka_eval.relay.steps import StepOutcome
 from maka_eval.relay.verifier import read_reward
 from maka_eval.sandbox.base import Layout, Network, Phase, Sandbox

@@ -12,7 +12,7 @@ import os
 from collections.abc import Mapping
 
 from maka_eval.engine.launch import FIXED_ENV
-from maka_eval.relay.processes import MARKER_VARIABLE
+from maka_eval.processes.supervisor import MARKER_VARIABLE
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 

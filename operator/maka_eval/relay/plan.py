@@ -19,6 +19,7 @@ from maka_eval.engine.launch import SOLUTION_DIR_NAME, SubjectLaunch
 from maka_eval.engine.modes import EgressMode, Isolation, NetworkMode, egress_mode
 from maka_eval.engine.task_settings import StepPlan, task_settings
 from maka_eval.metering.pricing import Prices
+from maka_eval.sandbox.plans import ContainerPlan
 
 if TYPE_CHECKING:
     from maka_eval.spec.task_directory import TaskDefinition
@@ -26,37 +27,6 @@ if TYPE_CHECKING:
 
 class PlanError(ValueError):
     """A relay plan is malformed."""
-
-
-@dataclass(frozen=True)
-class ContainerPlan:
-    """How to run an attempt in the task's container image (the container sandbox)."""
-
-    engine: str
-    """Docker Engine API url (DOCKER_HOST form: unix:///run/docker.sock, tcp://h:2375)."""
-    image: str
-    """The image to run: task.toml's docker_image, or the tag an environment/Dockerfile
-    is built under (maka-eval-task/<task>:<environment digest>)."""
-    build_dir: str | None = None
-    """environment/ folder to build `image` from when it is not in the engine yet."""
-    build_timeout_sec: float = 600.0
-    workdir: str | None = None
-    """task.toml's workdir; else the image's WORKDIR; else / (the engine's default, as
-    under Harbor)."""
-    agent_user: str | None = None
-    verifier_user: str | None = None
-    cpus: float | None = None
-    memory_mb: int | None = None
-    storage_mb: int | None = None
-    gpus: int = 0
-    network: NetworkMode = NetworkMode.PUBLIC
-    """Harbor's network_mode: 'public' (the engine's default network), 'no-network', or
-    'allowlist' (the cell's policed namespace, whose proxy keeps the allowlist)."""
-    env: Mapping[str, str] = field(default_factory=dict)
-    """task.toml's [environment] env: set in the container for every process."""
-    program: str | None = None
-    """Host file of the subject's program, uploaded to /maka/bin/ (a subject named by a
-    path); a program named without a path is looked up on the image's PATH."""
 
 
 OWN_NETWORK = "/proc/self/ns/net"

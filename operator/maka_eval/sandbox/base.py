@@ -18,8 +18,8 @@ from typing import IO, Protocol
 
 from maka_eval import layout
 from maka_eval.engine.modes import Isolation
-from maka_eval.relay.output import OutputCapture
-from maka_eval.relay.processes import CancelToken, WaitEnd
+from maka_eval.processes.output import OutputCapture
+from maka_eval.processes.supervisor import CancelToken, WaitEnd
 
 
 class Phase(StrEnum):

@@ -34,7 +34,7 @@ from pathlib import Path
 
 from maka_eval import strict_json
 from maka_eval.layout import FRAME_PATH, HOME_PATH, INSTRUCTION_PATH, TMP_PATH, WORKSPACE_PATH
-from maka_eval.relay.processes import ProcessSupervisor
+from maka_eval.processes.supervisor import ProcessSupervisor
 from maka_eval.sandbox.base import Layout, Network
 from maka_eval.sandbox.mounts import SlotTree
 

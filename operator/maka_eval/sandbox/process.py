@@ -27,7 +27,7 @@ Two ways, chosen per attempt:
   (open_by_handle_at reaches any file of a mounted filesystem), no CAP_MKNOD (there
   is no device cgroup: a node of the host's disk would be readable).
 - `PlainProcesses`: the attempt's processes carry a marker and the relay finds and
-  kills them by it (see relay.processes). Nothing is hidden; the record says so.
+  kills them by it (see processes.supervisor). Nothing is hidden; the record says so.
 """
 
 from __future__ import annotations
@@ -42,9 +42,9 @@ from pathlib import Path
 from typing import IO
 
 from maka_eval.engine.modes import Isolation
-from maka_eval.process_table import snapshot
-from maka_eval.relay.output import OutputCapture
-from maka_eval.relay.processes import CancelToken, ProcessSupervisor, WaitEnd
+from maka_eval.processes.output import OutputCapture
+from maka_eval.processes.supervisor import CancelToken, ProcessSupervisor, WaitEnd
+from maka_eval.processes.table import snapshot
 from maka_eval.sandbox.base import Layout, Network, Phase, mapped
 from maka_eval.sandbox.files import copy_into, copy_out, copy_path_out
 from maka_eval.sandbox.holders import (

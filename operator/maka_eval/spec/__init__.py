@@ -1,7 +1,9 @@
-"""The experiment document: pydantic models, strict loading, messages with JSON paths.
+"""The experiment document: pydantic models, strict checks, messages with JSON paths.
 
 The models are loaded when first named: `spec.task_directory` (one task's directory,
 standard library only) is read by the relay inside a Pod, which must not load pydantic.
+Loading an experiment on this machine (which also checks that the executor it names is
+installed) is maka_eval.executors.load.
 """
 
 from __future__ import annotations
@@ -11,23 +13,15 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from maka_eval.spec.experiment import Experiment, ExperimentSpec
-    from maka_eval.spec.load import LoadedExperiment, load_experiment_file, load_experiment_text
+    from maka_eval.spec.load import LoadedExperiment
 
 _HOMES = {
     "Experiment": "maka_eval.spec.experiment",
     "ExperimentSpec": "maka_eval.spec.experiment",
     "LoadedExperiment": "maka_eval.spec.load",
-    "load_experiment_file": "maka_eval.spec.load",
-    "load_experiment_text": "maka_eval.spec.load",
 }
 
-__all__ = [
-    "Experiment",
-    "ExperimentSpec",
-    "LoadedExperiment",
-    "load_experiment_file",
-    "load_experiment_text",
-]
+__all__ = ["Experiment", "ExperimentSpec", "LoadedExperiment"]
 
 
 def __getattr__(name: str) -> Any:

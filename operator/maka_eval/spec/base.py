@@ -130,15 +130,6 @@ NonBlank = Annotated[
 TaskPath = Annotated[NonBlank, _rule(task_path_problem)]
 
 
-def plugin_kind_problem(value: str) -> str | None:
-    """Why `value` names no usable executor (unknown, refused), or None."""
-    from maka_eval.executors.registry import kind_problem
-
-    return kind_problem(value)
-
-
-PluginKind = Annotated[str, _rule(plugin_kind_problem)]
-"""An executor kind registered by a plug-in (maka_eval.executors entry points)."""
 PositiveSeconds = Annotated[float, Field(gt=0, le=7 * 24 * 3600)]
 
 # -- Kubernetes values (the kubernetes executor's settings) ---------------------------

@@ -22,7 +22,6 @@ from maka_eval.spec.base import (
     Id,
     K8sName,
     NonBlank,
-    PluginKind,
     PositiveSeconds,
     Quantity,
     Sha256Digest,
@@ -295,7 +294,9 @@ class PluginExecutor(SpecModel):
     union_tag: ClassVar[str] = "plugin"
     """The discriminator's tag for every plug-in kind (see `_executor_tag`)."""
 
-    kind: PluginKind = Field(description="The kind a plug-in registers.")
+    # Whether a plug-in registers this kind is a fact of the machine, not of the
+    # document: the loader checks it (executors.load), above the executor registry.
+    kind: str = Field(description="The kind a plug-in registers.")
     config: dict[str, Any] = Field(
         default_factory=dict, description="The plug-in's configuration (its own model)."
     )

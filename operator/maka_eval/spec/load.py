@@ -1,7 +1,9 @@
-"""Load an experiment document (either form, YAML or JSON) into an `Experiment`.
+"""Read an experiment document (either form, YAML or JSON) and check it by its own rules.
 
-Every problem is collected and reported at once with its JSON path and a fix; nothing
-is returned unless the whole document is valid.
+Every problem is collected with its JSON path and a fix. What depends on the machine
+rather than the document -- whether `executor.kind` is installed here, and a plug-in's
+own checks of its config -- is the loader's (executors.load), which every caller uses:
+it sits above the executor registry, which the spec never imports.
 """
 
 from __future__ import annotations
@@ -30,7 +32,6 @@ from maka_eval.spec.experiment import (
     Experiment,
     ExperimentSpec,
     KubernetesExperiment,
-    PluginExecutor,
 )
 from maka_eval.spec.problems import problems_from
 from maka_eval.spec.rules import cross_field_problems
@@ -65,19 +66,10 @@ def _form_of(doc: Mapping[str, Any], source: str) -> Form:
     )
 
 
-def experiment_from_data(
-    data: Any, source: str = "<experiment>", *, frozen: bool = False
-) -> tuple[Experiment, Form]:
-    """Validate already-parsed data; raise SpecError listing every problem.
-
-    `frozen`: the document is a run's experiment.json, validated when it was frozen; its
-    executor plug-in need not be installed here to read the run's records and results.
-    """
-    if frozen:
-        from maka_eval.executors.registry import reading_records
-
-        with reading_records():
-            return experiment_from_data(data, source)
+def check_document(data: Any, source: str) -> tuple[Experiment | None, Form, list[Problem]]:
+    """Check already-parsed data by the document's own rules: the experiment (None when
+    its fields or cross-field rules fail), its form, and every problem found. SpecError
+    when `data` is not an experiment document at all."""
     if not isinstance(data, Mapping):
         raise SpecError(
             f"{source} is not an experiment document",
@@ -109,25 +101,27 @@ def experiment_from_data(
         if isinstance(spec, Mapping):
             problems += cross_field_problems(spec, "spec.")
 
-    if experiment is not None and not problems:
-        prefix = "spec." if form == "kubernetes" else ""
-        experiment, more = _tasks_and_executor(experiment, prefix)
-        problems += more
+    if experiment is None or problems:
+        return None, form, problems
+    return (
+        experiment,
+        form,
+        _task_source_problems(experiment, "spec." if form == "kubernetes" else ""),
+    )
+
+
+def invalid_experiment(source: str, problems: list[Problem]) -> SpecError:
+    """The error listing every problem of an experiment document, each once."""
     unique = list(dict.fromkeys(problems))
-    if unique or experiment is None:
-        count = len(unique)
-        raise SpecError(
-            f"{source} is not a valid experiment ({count} problem{'s' if count != 1 else ''}):",
-            unique,
-        )
-    return experiment, form
+    count = len(unique)
+    return SpecError(
+        f"{source} is not a valid experiment ({count} problem{'s' if count != 1 else ''}):",
+        unique,
+    )
 
 
-def _tasks_and_executor(experiment: Experiment, prefix: str) -> tuple[Experiment, list[Problem]]:
-    """Where the tasks come from, and a plug-in executor's own config and rules.
-
-    A plug-in's config is parsed by its own model and stored with its defaults filled in
-    (they are part of the frozen experiment)."""
+def _task_source_problems(experiment: Experiment, prefix: str) -> list[Problem]:
+    """Where the tasks come from: a folder, or the document itself (inline)."""
     problems: list[Problem] = []
     spec = experiment.spec
     benchmark = spec.benchmark
@@ -168,42 +162,15 @@ def _tasks_and_executor(experiment: Experiment, prefix: str) -> tuple[Experiment
                     "(or make the benchmark inline)",
                 )
             )
-    executor = spec.executor
-    if not isinstance(executor, PluginExecutor):
-        return experiment, problems
-    from maka_eval.executors.registry import ExecutorLoadError, installed, load, may_be_uninstalled
+    return problems
 
-    if may_be_uninstalled() and executor.kind not in installed():
-        return experiment, problems  # a frozen run's experiment, read without its plug-in
-    config_path = f"{prefix}executor.config"
+
+def parse_experiment_text(text: str, source: str) -> Any:
+    """Parse document text (YAML or JSON); SpecError naming `source` if it cannot be."""
     try:
-        plugin = load(executor.kind)
-        model = plugin.config_model
-        try:
-            config = model.model_validate_json(json.dumps(executor.config))
-        except ValidationError as exc:
-            return experiment, problems + problems_from(exc, model, tuple(config_path.split(".")))
-        problems += [
-            Problem(p.where if prefix else p.where.removeprefix("spec."), p.message)
-            for p in plugin.validate(config, experiment)
-        ]
-    except ExecutorLoadError as exc:
-        return experiment, [*problems, Problem(f"{prefix}executor.kind", str(exc))]
-    filled = PluginExecutor(
-        kind=executor.kind, config=config.model_dump(mode="json", by_alias=True)
-    )
-    new_spec = spec.model_copy(update={"executor": filled})
-    return experiment.model_copy(update={"spec": new_spec}), problems
-
-
-def load_experiment_text(text: str, source: str, base_dir: Path) -> LoadedExperiment:
-    """Parse and validate document text; `source` names it in messages."""
-    try:
-        data = parse_document(text, source)
+        return parse_document(text, source)
     except DocumentError as exc:
         raise SpecError(f"{source} cannot be parsed:", [exc.problem]) from None
-    experiment, form = experiment_from_data(data, source)
-    return LoadedExperiment(experiment, form, source, base_dir)
 
 
 def _read_bounded(file: Path) -> bytes:
@@ -260,11 +227,10 @@ def _read_bounded(file: Path) -> bytes:
     return data
 
 
-def load_experiment_file(path: str | Path) -> LoadedExperiment:
-    """Read, parse and validate an experiment file (a regular file of at most 1 MiB)."""
+def read_experiment_file(path: str | Path) -> str:
+    """The text of an experiment file (a regular file of at most 1 MiB, UTF-8)."""
     file = Path(path)
     try:
-        text = _read_bounded(file).decode("utf-8")
+        return _read_bounded(file).decode("utf-8")
     except UnicodeDecodeError as exc:
         raise SpecError(f"{file} cannot be read", [Problem(str(file), str(exc))]) from None
-    return load_experiment_text(text, str(file), file.resolve().parent)

@@ -17,7 +17,7 @@ from typing import Any
 
 from maka_eval.errors import Problem
 from maka_eval.spec import ids
-from maka_eval.spec.base import ValueRule, nul_problem, plugin_kind_problem
+from maka_eval.spec.base import ValueRule, nul_problem
 from maka_eval.spec.egress import block_entry_problem, subject_egress_problems
 from maka_eval.spec.metering import model_pattern_problem
 from maka_eval.spec.paths import normal_task_dir, task_path_problem
@@ -107,14 +107,6 @@ CROSS_FIELD_RULES: tuple[CrossFieldRule, ...] = (
         "Keys of metering.prices are model names or prefixes ending in '*' (a structural "
         "schema cannot constrain map keys).",
         checks=(model_pattern_problem,),
-    ),
-    CrossFieldRule(
-        "executor-kind-registered",
-        "executor.kind is 'local', 'kubernetes' or a kind an installed plug-in registers in "
-        "the 'maka_eval.executors' entry-point group, whose own model validates "
-        "executor.config (docs/executors.md). The CRD lists only the built-in kinds: the "
-        "operator runs kind 'kubernetes'.",
-        checks=(plugin_kind_problem,),
     ),
     CrossFieldRule(
         "no-nul-bytes",

@@ -1,12 +1,15 @@
-"""Subjects: the agents under test. One model per kind, told apart by `kind`."""
+"""Subjects: the agents under test. One model per kind, told apart by `kind`, and how
+each kind is launched (`subject_launch`, the engine's `SubjectLaunch`)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Annotated, Literal
 
 from pydantic import Field
 
 from maka_eval.engine.classify import ResultContract
+from maka_eval.engine.launch import SOLUTION_DIR_NAME, SubjectLaunch, credential_targets
 from maka_eval.spec.base import EnvName, Id, NonBlank, SpecModel, SubjectEnvName, Text
 
 SessionProfile = Literal["headless-coding-v1"]
@@ -111,3 +114,60 @@ class NopSubject(_SubjectBase):
 Subject = Annotated[
     ExternalSubject | MakaSubject | OracleSubject | NopSubject, Field(discriminator="kind")
 ]
+
+
+def subject_launch(
+    subject: Subject,
+    *,
+    program: str | None = None,
+    runtime_host_args: tuple[str, ...] = (),
+    solution_dir: str | None = None,
+    solution_script: str | None = None,
+    solution_env: Mapping[str, str] | None = None,
+) -> SubjectLaunch:
+    """How to start `subject`.
+
+    `program` is the resolved command of an external subject, or the Runtime Host of a
+    maka subject; `solution_dir` is where the task's solution is read from and
+    `solution_script` where its `solve.sh` will be inside the attempt (the oracle).
+    """
+    if isinstance(subject, ExternalSubject):
+        assert program is not None, "an external subject needs its resolved command"
+        config = subject.config
+        return SubjectLaunch(
+            argv=(program, *config.args),
+            contract=ResultContract(config.result_contract),
+            env=dict(config.env),
+            credentials=credential_targets(subject.credentials, config.credential_bindings),
+        )
+    if isinstance(subject, MakaSubject):
+        assert program is not None, "a maka subject needs the Runtime Host command"
+        maka = subject.config
+        model = ("--model", maka.model) if maka.model else ()
+        return SubjectLaunch(
+            argv=(
+                program,
+                *runtime_host_args,
+                "--session-profile",
+                maka.profile,
+                *model,
+                *maka.args,
+            ),
+            contract=ResultContract.PROTOCOL_V1,
+            credentials=credential_targets(subject.credentials, {}),
+        )
+    if isinstance(subject, NopSubject):
+        return SubjectLaunch(
+            argv=("true",),
+            contract=ResultContract.EXIT_CODE,
+            credentials=credential_targets(subject.credentials, {}),
+        )
+    assert isinstance(subject, OracleSubject)
+    assert solution_dir is not None and solution_script is not None
+    return SubjectLaunch(
+        argv=(solution_script,),
+        contract=ResultContract.EXIT_CODE,
+        env=dict(solution_env or {}),
+        credentials=credential_targets(subject.credentials, {}),
+        extra_dirs={SOLUTION_DIR_NAME: solution_dir},
+    )

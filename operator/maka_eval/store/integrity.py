@@ -28,6 +28,12 @@ if TYPE_CHECKING:
     from maka_eval.store.ledger import LedgerState
 
 
+def place(cell_id: str, attempt: int) -> str:
+    """A record's place as the ledger names it (here, below the ledger, because the
+    findings name records by it too)."""
+    return f"{attempt} {cell_id}"
+
+
 class Breach(StrEnum):
     """How a run's records fail verification."""
 
@@ -155,8 +161,6 @@ def classify(
     """Findings for the refused files and the ledger's lines without a file, and the
     sealed records the ledger does not list (pending). Removed attempts are taken out
     of `interrupted` (their folder is left, their record is not)."""
-    from maka_eval.store.ledger import place  # (ledger imports this module)
-
     findings = list(ledger.findings)
     listed = ledger.places
     missing = dict(listed)

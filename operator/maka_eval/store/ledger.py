@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from maka_eval import strict_json
-from maka_eval.store.integrity import Breach, Finding
+from maka_eval.store.integrity import Breach, Finding, place
 from maka_eval.store.seal import SealKey, is_run_id, same_seal
 
 LEDGER_FILE = "records.ledger"
@@ -62,11 +62,6 @@ def document_digest(document: bytes) -> str:
 def head_path(heads: Path, run_id: str) -> Path | None:
     """Where a run's head is kept (None for a run id that cannot name a file)."""
     return heads / f"{run_id}.head" if is_run_id(run_id) else None
-
-
-def place(cell_id: str, attempt: int) -> str:
-    """A record's place as the ledger names it."""
-    return f"{attempt} {cell_id}"
 
 
 @dataclass(frozen=True)
@@ -121,7 +116,7 @@ class LedgerState:
 
     exists: bool
     places: dict[str, int] = field(default_factory=dict)
-    """Each record line's place (`place()`) -> its line number in the file (the first
+    """Each record line's place (`integrity.place()`) -> its line number in the file (the first
     record's line is 2: line 1 names the run)."""
     count: int = 0
     """Record lines that chain (all of them, unless a finding says otherwise)."""

@@ -5,7 +5,7 @@ the writer also holds an flock on it, which the kernel drops when the process di
 A lock whose flock is held is live and refuses a second writer. A lock left behind by
 a writer that died is stale: it is reported with how to prove no writer remains,
 and removed only by `maka-eval unlock`, which checks that proof (the process table
-reading is in maka_eval.process_table, so the store does not load the relay).
+reading is in maka_eval.processes.table, so the store does not load the relay).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from pathlib import Path
 
 from maka_eval import strict_json
 from maka_eval.errors import Problem, StoreError
-from maka_eval.process_table import ProcessEntry, kill_all, run_processes
+from maka_eval.processes.table import ProcessEntry, kill_all, run_processes
 
 LOCK_NAME = ".writer.lock"
 

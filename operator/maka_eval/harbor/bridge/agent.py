@@ -12,14 +12,18 @@ verifier afterwards. The subject is one of:
 
 The plan comes from a file maka-eval wrote in the attempt's private folder (its path is
 the agent's only kwarg, so Harbor's config.json holds no subject secret); the file is
-removed as soon as it is read. Credentials travel into the container as a file the
-subject's wrapper sources and deletes before the subject starts: never on a command line,
-never in Harbor's config or logs. What the relay saw (how the subject ended, its exit
-code, its result frame) is written to `maka-relay.json` in the agent's logs folder, for
-maka-eval to classify with the verifier's reward. The subject's stdout and stderr are
-kept there too, capped, with every credential value replaced by `[redacted:NAME]`.
+removed as soon as it is read (bridge/plan_file.py: the attempt plan every executor
+makes, read with the relay's own reader, and beside it the credentials' values, which
+the plan never holds). Credentials travel into the container as a file the subject's
+wrapper sources and deletes before the subject starts: never on a command line, never in
+Harbor's config or logs. What the relay saw (how the subject ended, its exit code, its
+result frame) is written to `maka-relay.json` in the agent's logs folder, for maka-eval
+to classify with the verifier's reward. The subject's stdout and stderr are kept there
+too, capped at the plan's output limit, with every credential value replaced by
+`[redacted:NAME]`.
 
-Standard library and Harbor only: this module runs in Harbor's interpreter.
+Standard library, Harbor and the staged plan reader only: this module runs in Harbor's
+interpreter.
 """
 
 from __future__ import annotations
@@ -41,16 +45,19 @@ from harbor.agents.base import BaseAgent
 from harbor.environments.base import BaseEnvironment
 from harbor.models.agent.context import AgentContext
 
-try:  # in maka-eval's tree (type checks, tests)
-    from maka_eval import strict_json
-except ImportError:  # staged next to this module in Harbor's environment
-    from . import strict_json  # type: ignore[attr-defined,no-redef]
+# Staged beside this package in Harbor's environment (harbor.worker.PLAN_READER).
+from maka_eval import layout
+from maka_eval.engine.classify import ResultContract
+from maka_eval.engine.launch import FIXED_ENV
+from maka_eval.relay.plan import AttemptPlan
+
+from .plan_file import PlanFile
 
 RECORD_NAME = "maka-relay.json"
 RECORD_FORMAT = "maka.eval.harbor-relay.v1"
 MAX_FRAME_BYTES = 64 * 1024
-FIXED_ENV = {"DEBIAN_FRONTEND": "noninteractive", "TZ": "Etc/UTC", "LANG": "C.UTF-8"}
-MARKER = "MAKA_EVAL_ATTEMPT_ID"
+OUTPUT_ENV = f"{layout.ENV_PREFIX}OUT"
+"""Where the subject's wrapper writes its output (this bridge's own variable)."""
 ROOT = "/maka"
 PROGRAM_DIR = f"{ROOT}/bin"
 FRAME_FILE = f"{ROOT}/out/result.json"
@@ -66,20 +73,20 @@ gate_hook: GateHook | None = None
 
 # The subject's wrapper: credentials sourced then deleted, the workspace recorded, the
 # subject exec'd with its output in files (never in Harbor's logs).
-WRAPPER = r"""
+WRAPPER = f"""
 f=$1; shift
 if [ -f "$f" ]; then set -a; . "$f"; set +a; rm -f "$f"; fi
-export MAKA_EVAL_WORKSPACE="$PWD"
-exec "$@" >"$MAKA_EVAL_OUT/stdout" 2>"$MAKA_EVAL_OUT/stderr" </dev/null
+export {layout.WORKSPACE_ENV}="$PWD"
+exec "$@" >"${OUTPUT_ENV}/stdout" 2>"${OUTPUT_ENV}/stderr" </dev/null
 """
 
 # Quiescing a subject cut off by the timeout: every process carrying the attempt's marker.
-QUIESCE = r"""
+QUIESCE = rf"""
 id=$1
 for p in /proc/[0-9]*; do
-  pid=${p#/proc/}
+  pid=${{p#/proc/}}
   [ "$pid" = "$$" ] && continue
-  if tr '\0' '\n' <"$p/environ" 2>/dev/null | grep -qx "MAKA_EVAL_ATTEMPT_ID=$id"; then
+  if tr '\0' '\n' <"$p/environ" 2>/dev/null | grep -qx "{layout.ATTEMPT_ID_ENV}=$id"; then
     kill -KILL "$pid" 2>/dev/null
   fi
 done
@@ -141,7 +148,7 @@ class RelayAgent(BaseAgent):  # type: ignore[misc]
     def __init__(self, logs_dir: Path, plan: str = "", **kwargs: Any) -> None:
         super().__init__(logs_dir=logs_dir, **kwargs)
         self._plan_path = Path(plan)
-        self._plan: dict[str, Any] = {}
+        self._order: PlanFile | None = None
         self._gated = False
 
     @staticmethod
@@ -152,48 +159,44 @@ class RelayAgent(BaseAgent):  # type: ignore[misc]
         return "1"
 
     # -- the plan -------------------------------------------------------------------
-    def _load_plan(self) -> dict[str, Any]:
-        if not self._plan:
-            try:
-                self._plan = strict_json.loads(self._plan_path.read_bytes())
-            finally:
-                with contextlib.suppress(OSError):
-                    self._plan_path.unlink()  # it may hold credentials: gone once read
-        return self._plan
+    def _load_plan(self) -> PlanFile:
+        if self._order is None:
+            self._order = PlanFile.read(self._plan_path)
+        return self._order
 
     async def setup(self, environment: BaseEnvironment) -> None:
-        plan = self._load_plan()
-        if plan["kind"] in ("external", "maka"):
+        order = self._load_plan()
+        if order.kind in ("external", "maka"):
             # Under Harbor's setup timeout, not the subject's: the subject's time limit
             # covers the subject alone, as under the local executor.
-            await self._stage(environment, plan)
+            await self._stage(environment, order)
         # The environment is up: wait for the other arms of the task group, so that the
         # subjects of a group start together.
         if gate_hook is not None and not self._gated:
             self._gated = True
-            await gate_hook(str(plan["attemptId"]))
+            await gate_hook(order.plan.attempt_id)
 
     # -- run --------------------------------------------------------------------------
     async def run(
         self, instruction: str, environment: BaseEnvironment, context: AgentContext
     ) -> None:
-        plan = self._load_plan()
-        redact = Redact(plan.get("credentials") or {})
+        order = self._load_plan()
+        redact = Redact(order.credentials)
         started = time.time()
-        record: dict[str, Any] = {"format": RECORD_FORMAT, "kind": plan["kind"]}
+        record: dict[str, Any] = {"format": RECORD_FORMAT, "kind": order.kind}
         try:
-            if plan["kind"] == "nop":
+            if order.kind == "nop":
                 record.update(end="exited", exitCode=0)
-            elif plan["kind"] == "oracle":
-                record.update(await self._oracle(environment, plan))
+            elif order.kind == "oracle":
+                record.update(await self._oracle(environment, order))
             else:
-                record.update(await self._command(instruction, environment, plan, redact))
+                record.update(await self._command(environment, order, redact))
         except asyncio.CancelledError:
             # Harbor's agent timeout (or the run's cancellation): the subject has not
             # stopped, so it is quiesced before the verifier looks at the environment.
             record.update(end="cut_off")
             with contextlib.suppress(BaseException):
-                await asyncio.shield(self._quiesce(environment, plan, redact))
+                await asyncio.shield(self._quiesce(environment, order, redact))
             raise
         except Exception as exc:
             record.update(end="threw", error=redact.text(f"{type(exc).__name__}: {exc}")[:400])
@@ -205,19 +208,19 @@ class RelayAgent(BaseAgent):  # type: ignore[misc]
         self.logs_dir.mkdir(parents=True, exist_ok=True)
         (self.logs_dir / RECORD_NAME).write_text(json.dumps(record, sort_keys=True))
 
-    async def _oracle(
-        self, environment: BaseEnvironment, plan: Mapping[str, Any]
-    ) -> dict[str, Any]:
+    async def _oracle(self, environment: BaseEnvironment, order: PlanFile) -> dict[str, Any]:
         from harbor.agents.oracle import OracleAgent
         from harbor.models.trial.paths import TrialPaths
 
+        if order.task_dir is None:
+            raise RuntimeError("the oracle needs the task's folder; the plan names none")
         oracle = OracleAgent(
             logs_dir=self.logs_dir,
-            task_dir=Path(plan["taskDir"]),
+            task_dir=Path(order.task_dir),
             trial_paths=TrialPaths(self.logs_dir.parent),
             agent_timeout_sec=None,  # Harbor's own timeout around run() applies
         )
-        credentials = plan.get("credentials") or {}
+        credentials = dict(order.credentials)
         scope = (
             environment.scoped_exec_env(credentials) if credentials else contextlib.nullcontext()
         )
@@ -227,24 +230,21 @@ class RelayAgent(BaseAgent):  # type: ignore[misc]
         code = int(code_file.read_text().strip()) if code_file.is_file() else 0
         return {"end": "exited", "exitCode": code}
 
-    async def _stage(self, environment: BaseEnvironment, plan: Mapping[str, Any]) -> None:
+    async def _stage(self, environment: BaseEnvironment, order: PlanFile) -> None:
         """Put what the subject needs in the environment with one copy and one root exec
         (each call into the environment costs a compose round trip)."""
-        private = Path(plan["workDir"])
-        stage = private / "stage"
+        stage = Path(order.plan.root) / "stage"
         for folder in ("bin", "run", "out"):
             (stage / folder).mkdir(parents=True, exist_ok=True)
-        (stage / "instruction.md").write_text(str(plan.get("instruction", "")), encoding="utf-8")
-        upload = plan.get("upload")
-        if upload:
-            program = Path(upload)
+        (stage / "instruction.md").write_text(order.instruction, encoding="utf-8")
+        if order.upload:
+            program = Path(order.upload)
             (stage / "bin" / program.name).write_bytes(program.read_bytes())
-        credentials = plan.get("credentials") or {}
         secret = stage / "run" / "credentials.env"
-        if credentials:
+        if order.credentials:
             fd = os.open(secret, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             with os.fdopen(fd, "w") as handle:
-                handle.write(_env_file(credentials))
+                handle.write(_env_file(order.credentials))
         try:
             await environment.upload_dir(stage, ROOT)
         finally:
@@ -260,33 +260,28 @@ class RelayAgent(BaseAgent):  # type: ignore[misc]
         )
 
     async def _command(
-        self,
-        instruction: str,
-        environment: BaseEnvironment,
-        plan: Mapping[str, Any],
-        redact: Redact,
+        self, environment: BaseEnvironment, order: PlanFile, redact: Redact
     ) -> dict[str, Any]:
-        argv = [str(a) for a in plan["argv"]]
-        if plan.get("upload"):
-            argv[0] = f"{PROGRAM_DIR}/{Path(plan['upload']).name}"
-        protocol = plan.get("contract") == "protocol-v1"
-        private = Path(plan["workDir"])
+        plan = order.plan
+        argv = list(plan.subject.argv)
+        if order.upload:
+            argv[0] = f"{PROGRAM_DIR}/{Path(order.upload).name}"
+        protocol = plan.subject.contract is ResultContract.PROTOCOL_V1
         env = {
-            **{str(k): str(v) for k, v in (plan.get("env") or {}).items()},
-            **{str(k): str(v) for k, v in (plan.get("attemptEnv") or {}).items()},
-            MARKER: str(plan["attemptId"]),
-            "MAKA_EVAL_INSTRUCTION_FILE": INSTRUCTION_FILE,
-            "MAKA_EVAL_OUT": OUTPUT_DIR,
+            **plan.subject.env,
+            **attempt_variables(plan),
+            layout.INSTRUCTION_FILE_ENV: INSTRUCTION_FILE,
+            OUTPUT_ENV: OUTPUT_DIR,
             **FIXED_ENV,
         }
         if protocol:
-            env["MAKA_EVAL_RESULT_FILE"] = FRAME_FILE
+            env[layout.RESULT_FILE_ENV] = FRAME_FILE
         command = " ".join(
             _quote(p) for p in ("sh", "-c", WRAPPER, "maka-relay", CREDENTIALS_FILE, *argv)
         )
         result = await environment.exec(command=command, env=env)
         record: dict[str, Any] = {"end": "exited", "exitCode": result.return_code}
-        out = private / "out"
+        out = Path(plan.root) / "out"
         try:
             await environment.download_dir(OUTPUT_DIR, out)
             self._keep_output(out, plan, redact)
@@ -305,8 +300,8 @@ class RelayAgent(BaseAgent):  # type: ignore[misc]
                 f"preparing the subject failed ({command[:80]}): exit {result.return_code}"
             )
 
-    def _keep_output(self, out: Path, plan: Mapping[str, Any], redact: Redact) -> None:
-        limit = int(plan.get("outputLimit") or 8 * 1024 * 1024)
+    def _keep_output(self, out: Path, plan: AttemptPlan, redact: Redact) -> None:
+        limit = plan.output_limit_bytes
         for stream in ("stdout", "stderr"):
             data, size = _read_regular(out / stream, limit)
             if data is None:
@@ -317,19 +312,31 @@ class RelayAgent(BaseAgent):  # type: ignore[misc]
             self.logs_dir.mkdir(parents=True, exist_ok=True)
             (self.logs_dir / f"subject.{stream}").write_bytes(data)
 
-    async def _quiesce(
-        self, environment: BaseEnvironment, plan: Mapping[str, Any], redact: Redact
-    ) -> None:
+    async def _quiesce(self, environment: BaseEnvironment, order: PlanFile, redact: Redact) -> None:
         """Stop every process of the attempt, then keep what it printed."""
-        if plan.get("kind") not in ("external", "maka"):
+        if order.kind not in ("external", "maka"):
             return
+        plan = order.plan
         command = " ".join(
-            _quote(p) for p in ("sh", "-c", QUIESCE, "maka-quiesce", str(plan["attemptId"]))
+            _quote(p) for p in ("sh", "-c", QUIESCE, "maka-quiesce", plan.attempt_id)
         )
         await environment.exec(command=command, user="root", timeout_sec=QUIESCE_TIMEOUT_SEC)
-        out = Path(plan["workDir"]) / "out"
+        out = Path(plan.root) / "out"
         try:
             await environment.download_dir(OUTPUT_DIR, out)
             self._keep_output(out, plan, redact)
         finally:
             shutil.rmtree(out, ignore_errors=True)
+
+
+def attempt_variables(plan: AttemptPlan) -> dict[str, str]:
+    """The MAKA_EVAL_* variables that describe the attempt, as the local relay sets them
+    (the workspace is the subject's working folder, set by its wrapper)."""
+    return {
+        layout.ATTEMPT_ID_ENV: plan.attempt_id,
+        layout.RUN_ID_ENV: plan.run_id,
+        layout.CELL_ID_ENV: plan.cell_id,
+        layout.TASK_ID_ENV: plan.task_id,
+        layout.REPETITION_ENV: str(plan.repetition),
+        layout.SUBJECT_ID_ENV: plan.subject_id,
+    }

@@ -31,10 +31,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any
 
-try:
-    from maka_eval import strict_json
-except ImportError:
-    from . import strict_json  # type: ignore[attr-defined,no-redef]
+from maka_eval import strict_json  # staged beside this package (harbor.worker.PLAN_READER)
 
 STAGE_POLL_SEC = 2.0
 

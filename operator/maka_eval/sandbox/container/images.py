@@ -10,8 +10,8 @@ import time
 from collections import Counter, deque
 from typing import Any
 
-from maka_eval.relay.plan import ContainerPlan
 from maka_eval.sandbox.container.engine import LABEL, api_message, client_for
+from maka_eval.sandbox.plans import ContainerPlan
 
 BUILD_REPOSITORY = "maka-eval-task"
 

@@ -67,10 +67,9 @@ from typing import IO, Any
 
 from maka_eval import strict_json
 from maka_eval.engine.modes import Isolation, NetworkMode
-from maka_eval.relay.output import OutputCapture
-from maka_eval.relay.plan import ContainerPlan
-from maka_eval.relay.processes import MARKER_VARIABLE as ATTEMPT_MARKER
-from maka_eval.relay.processes import CancelToken, ProcessSupervisor, WaitEnd
+from maka_eval.processes.output import OutputCapture
+from maka_eval.processes.supervisor import MARKER_VARIABLE as ATTEMPT_MARKER
+from maka_eval.processes.supervisor import CancelToken, ProcessSupervisor, WaitEnd
 from maka_eval.sandbox import changes, toolbox
 from maka_eval.sandbox import exec as exec_helper
 from maka_eval.sandbox.base import Layout, Network, Phase, mapped
@@ -86,6 +85,7 @@ from maka_eval.sandbox.container.engine import (
 from maka_eval.sandbox.container.images import ensure_image, forget_image
 from maka_eval.sandbox.container.removal import removals, remove_now
 from maka_eval.sandbox.container.verifier_argv import trusted_argv
+from maka_eval.sandbox.plans import ContainerPlan
 
 DEFAULT_WORKDIR = "/"
 """Where programs run when neither task.toml nor the image names a workdir: the engine's

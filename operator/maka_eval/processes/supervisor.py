@@ -29,15 +29,15 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from enum import StrEnum
 from typing import IO
 
-from maka_eval.process_table import ATTEMPT_MARKER, HAS_PROC
-from maka_eval.process_table import ProcInfo as _ProcInfo
-from maka_eval.process_table import alive as _alive
-from maka_eval.process_table import carries as _carries
-from maka_eval.process_table import environ as _environ
-from maka_eval.process_table import read as _read
-from maka_eval.process_table import snapshot as _snapshot
-from maka_eval.process_table import stat as _stat
-from maka_eval.relay.output import OutputCapture, pump_ready
+from maka_eval.processes.output import OutputCapture, pump_ready
+from maka_eval.processes.table import ATTEMPT_MARKER, HAS_PROC
+from maka_eval.processes.table import ProcInfo as _ProcInfo
+from maka_eval.processes.table import alive as _alive
+from maka_eval.processes.table import carries as _carries
+from maka_eval.processes.table import environ as _environ
+from maka_eval.processes.table import read as _read
+from maka_eval.processes.table import snapshot as _snapshot
+from maka_eval.processes.table import stat as _stat
 
 MARKER_VARIABLE = ATTEMPT_MARKER
 _PR_SET_CHILD_SUBREAPER = 36
