@@ -42,7 +42,7 @@ import pytest  # noqa: E402 - MonkeyPatch, to put the baits on each cell's addre
 from tests.egress import attacks  # noqa: E402
 
 from maka_eval.local import netns  # noqa: E402
-from maka_eval.sandbox.container import engine_info  # noqa: E402
+from maka_eval.sandbox.container.engine import engine_info  # noqa: E402
 
 BACKENDS = ("process", "container")
 

@@ -48,7 +48,7 @@ from tests.sandbox.test_container import PYTHON_IMAGE  # noqa: E402
 
 from maka_eval.artifacts import Redactor, encoded_forms  # noqa: E402
 from maka_eval.sandbox import holders  # noqa: E402
-from maka_eval.sandbox.container import client_for, engine_info  # noqa: E402
+from maka_eval.sandbox.container.engine import client_for, engine_info  # noqa: E402
 from maka_eval.sandbox.process import SUBJECT_CAPS, namespaces_unavailable  # noqa: E402
 from maka_eval.store.ledger import LedgerWriter  # noqa: E402
 from maka_eval.store.seal import SealKey, record_place  # noqa: E402

@@ -181,3 +181,13 @@ def install_fixture(fixture: Path, name: str) -> Path:
         shutil.rmtree(target, ignore_errors=True)
         staging.rename(target)
     return target
+
+
+def signal_pending(pid: int, signum: int) -> bool:
+    """Whether `signum` was sent to `pid` and waits there (a stopped process holds a
+    handled SIGTERM until it runs again): checked at once, no sleep for it to act."""
+    fields = dict(
+        line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+    )
+    mask = int(fields["ShdPnd"], 16) | int(fields["SigPnd"], 16)
+    return bool(mask & (1 << (signum - 1)))

@@ -8,7 +8,6 @@ import json
 import pytest
 
 from maka_eval.analysis.pairing import complete_groups, mean_and_sem, paired_scores
-from maka_eval.analysis.source import AttemptSource
 from maka_eval.analysis.summary import summarize_source
 from maka_eval.cli.render import results_json
 from maka_eval.engine.expand import expand_ids
@@ -67,12 +66,6 @@ ATTEMPTS = [
 @pytest.fixture
 def source() -> FakeSource:
     return FakeSource(DOCUMENT, ATTEMPTS, interrupted_attempts={"b::2::x": [1]})
-
-
-def test_the_fake_is_an_attempt_source(source):
-    def accepts(_: AttemptSource) -> None: ...
-
-    accepts(source)  # mypy checks the shape; at runtime this only documents it
 
 
 def test_each_cell_keeps_its_earliest_valid_attempt(source):

@@ -39,6 +39,7 @@ def hello(tmp_path_factory) -> Path:
     return root
 
 
+@pytest.mark.slow  # bubblewrap: the hello example is checked or run
 def test_validate_prints_the_expansion():
     result = cli("validate", str(EXAMPLE / "experiment.yaml"), "--cells")
     assert result.returncode == 0
@@ -95,6 +96,7 @@ def test_usage_errors_exit_2():
     assert "Missing argument" in result.stderr or "Usage" in result.stderr
 
 
+@pytest.mark.slow  # bubblewrap: the hello example is checked or run
 def test_run_prints_results_and_the_numbers_are_right(hello):
     data = json.loads(cli("results", str(hello / "run"), "--format", "json").stdout)
     subjects = {s["subject"]: s for s in data["subjects"]}
@@ -113,6 +115,7 @@ def test_run_prints_results_and_the_numbers_are_right(hello):
     assert "Results (earliest valid attempt per cell)" in table and "paired" in table
 
 
+@pytest.mark.slow  # bubblewrap: the hello example is checked or run
 def test_status_shows_cells_subjects_and_writer(hello):
     result = cli("status", str(hello / "run"))
     assert result.returncode == 0
@@ -121,6 +124,7 @@ def test_status_shows_cells_subjects_and_writer(hello):
     assert "serve-status::1::oracle" in result.stdout
 
 
+@pytest.mark.slow  # bubblewrap: the hello example is checked or run
 def test_rerun_resumes_without_running_anything(hello):
     result = cli("run", str(hello / "hello" / "experiment.yaml"), "--out", str(hello / "run"))
     assert result.returncode == 0
@@ -128,6 +132,7 @@ def test_rerun_resumes_without_running_anything(hello):
     assert "24 cell(s) already have results" in result.stdout
 
 
+@pytest.mark.slow  # bubblewrap: the hello example is checked or run
 def test_a_different_spec_into_the_same_directory_is_refused(hello, tmp_path):
     changed = tmp_path / "hello"
     shutil.copytree(hello / "hello", changed)
@@ -139,6 +144,7 @@ def test_a_different_spec_into_the_same_directory_is_refused(hello, tmp_path):
     assert "experiment.repetitions: 2 -> 3" in result.stderr
 
 
+@pytest.mark.slow  # bubblewrap: the hello example is checked or run
 def test_cell_options(hello):
     experiment = str(hello / "hello" / "experiment.yaml")
     unknown = cli("run", experiment, "--out", str(hello / "run"), "--cell", "sum-numbers::9::noop")
@@ -147,11 +153,13 @@ def test_cell_options(hello):
     assert refused.returncode == 2 and "already has a valid result" in refused.stderr
 
 
+@pytest.mark.slow  # bubblewrap: the hello example is checked or run
 def test_unlock_without_a_lock(hello):
     result = cli("unlock", str(hello / "run"))
     assert result.returncode == 2 and "no writer lock" in result.stderr
 
 
+@pytest.mark.slow  # bubblewrap: the hello example is checked or run
 def test_an_unusable_output_directory_is_a_message(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("x")

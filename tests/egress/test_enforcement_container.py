@@ -19,7 +19,8 @@ import pytest
 from maka_eval.egress.policy import EgressPolicy
 from maka_eval.engine.status import AttemptStatus
 from maka_eval.local import netns
-from maka_eval.sandbox import container as container_backend
+from maka_eval.sandbox.container import sandbox as container_sandbox
+from maka_eval.sandbox.container.removal import leftover_containers
 from maka_eval.store.run_store import artifact_path, read_run
 from tests.egress import attacks
 from tests.helpers import REWARD_ONE, make_task, spec, write_experiment
@@ -36,7 +37,7 @@ TOML = f'[environment]\ndocker_image = "{attacks.PYTHON_IMAGE}"\n'
 
 
 def no_containers_left(engine: str, run_id: str) -> None:
-    assert container_backend.leftover_containers(engine, run_id) == []
+    assert leftover_containers(engine, run_id) == []
     assert netns.leftovers(run_id) == [] and netns.leftover_tables(run_id) == []
 
 
@@ -49,7 +50,7 @@ def test_no_way_out_of_a_container_cell_but_the_proxy(container_engine, tmp_path
     assert len(results) >= 30, results
     assert attacks.failures(results) == []
     trusted = next(r for r in results if r["attack"].startswith("the proxy's CA certificate"))
-    assert trusted["detail"] == container_backend.CA_CERT_PATH
+    assert trusted["detail"] == container_sandbox.CA_CERT_PATH
     assert side.bait_hits == []
     assert side.seen == ["/ok"]
     policy = EgressPolicy("terminal-bench", [attacks.BLOCKED_HOST])
@@ -61,14 +62,14 @@ def test_no_way_out_of_a_container_cell_but_the_proxy(container_engine, tmp_path
 
 def _engine_creates(monkeypatch: Any, change: Any) -> None:
     """Fault injection: the engine creates the container with changed settings."""
-    create = container_backend._create
+    create = container_sandbox.create_container
 
     def changed(client: Any, image: str, kwargs: dict[str, Any]) -> str:
         kwargs = dict(kwargs)
         change(kwargs)
         return create(client, image, kwargs)
 
-    monkeypatch.setattr(container_backend, "_create", changed)
+    monkeypatch.setattr(container_sandbox, "create_container", changed)
 
 
 def _refused(root: Path, engine: str) -> str:
@@ -96,7 +97,7 @@ def _refused(root: Path, engine: str) -> str:
 
 def test_the_gate_refuses_a_container_that_holds_net_raw(container_engine, tmp_path, monkeypatch):  # noqa: F811
     # Docker's default capabilities include NET_RAW; a sandbox that forgot to drop it.
-    monkeypatch.setattr(container_backend, "SUBJECT_CAP_DROP", ())
+    monkeypatch.setattr(container_sandbox, "SUBJECT_CAP_DROP", ())
     _engine_creates(monkeypatch, lambda kw: kw.update(cap_add=[*kw["cap_add"], "NET_RAW"]))
     reason = _refused(tmp_path, container_engine)
     assert "refused to start the subject" in reason

@@ -93,11 +93,11 @@ def test_proxies_die_with_a_sigkilled_launcher_and_take_their_ca_key(tmp_path):
         assert not any(_gone(pid) for pid, _ in proxies)
         launcher.send_signal(signal.SIGKILL)
         launcher.wait(10)
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + 120  # only ends a hang
         while not all(_gone(pid) for pid, _ in proxies) and time.monotonic() < deadline:
             time.sleep(0.05)
         left = [(pid, _cmdline(pid)) for pid, _ in proxies if not _gone(pid)]
-        assert left == [], f"proxies outlived their launcher by 5 s: {left}"
+        assert left == [], f"proxies outlived their launcher: {left}"
     finally:
         if launcher.poll() is None:
             launcher.kill()

@@ -321,7 +321,8 @@ def test_an_inline_task_without_tests_cannot_be_scored(toy_path, tmp_path):
 
 def test_ctrl_c_cancels_a_plug_in_attempt(toy_path, tmp_path):
     marker = tmp_path / "started"
-    script = f"touch '{marker}'; sleep 60; echo 4"
+    # The subject would answer after an hour: a run that ends at all was not waiting for it.
+    script = f"touch '{marker}'; sleep 3600; echo 4"
     doc = toy_doc(
         subjects=[
             {"id": "slow", "kind": "external", "config": {"command": "sh", "args": ["-c", script]}}
@@ -345,11 +346,9 @@ def test_ctrl_c_cancels_a_plug_in_attempt(toy_path, tmp_path):
         assert proc.poll() is None, proc.communicate()
         assert time.monotonic() < deadline, "the attempt never started"
         time.sleep(0.05)
-    sent = time.monotonic()
     proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=60)
+    out, err = proc.communicate(timeout=600)  # only ends a hang: the subject sleeps an hour
     assert proc.returncode == 130, out + err
-    assert time.monotonic() - sent < 30  # the subject was stopped, not waited for
     (attempts,) = read_run(run_dir).records.values()
     assert [a.status.value for a in attempts] == ["cancelled"]
     assert attempts[0].result.status_source.value == "cancellation"

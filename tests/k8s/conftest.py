@@ -15,7 +15,7 @@ import shutil
 import subprocess
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -96,6 +96,23 @@ def wait_until(predicate: Any, timeout: float = 60.0, interval: float = 0.3, wha
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}")
         time.sleep(interval)
+
+
+def wait_for_none_left(
+    remaining: Callable[[], int], stall: float = 300.0, interval: float = 1.0, what: str = ""
+) -> None:
+    """Waits until `remaining()` is 0, however long that takes while the count keeps
+    falling: a loaded machine deletes slowly but surely. Fails only after `stall`
+    seconds without the count going down (garbage collection stuck, not slow)."""
+    best = remaining()
+    progress_at = time.monotonic()
+    while best:
+        if time.monotonic() - progress_at > stall:
+            raise AssertionError(f"{best} {what or 'objects'} left, none gone for {stall:.0f}s")
+        time.sleep(interval)
+        now = remaining()
+        if now < best:
+            best, progress_at = now, time.monotonic()
 
 
 @pytest.fixture(scope="session")

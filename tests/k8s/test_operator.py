@@ -17,7 +17,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,7 +26,7 @@ import pytest
 import yaml
 
 from tests.egress.gateway_harness import GatewayProcess, Upstream
-from tests.k8s.conftest import NODE_NAME, REPO, Kubectl, wait_until
+from tests.k8s.conftest import NODE_NAME, REPO, Kubectl, wait_for_none_left, wait_until
 from tests.k8s.node_agent import NodeAgent, bwrap_available, egress_image_bin, relay_bundle
 
 pytestmark = pytest.mark.slow
@@ -379,14 +378,21 @@ def test_a_rerun_annotation_appends_one_attempt(
         timeout=120,
         what="the rerun's result",
     )
-    time.sleep(3)
+    # The cell's status takes in the rerun after its result: wait for that, not 3 s.
+    cell_obj = wait_until(
+        lambda: (
+            ((c := get(kubectl, "cell", namespace, cell)).get("status") or {}).get("rerunTokens")
+            and c
+        ),
+        timeout=300,
+        what="the cell to record the rerun",
+    )
     attempts = sorted(
         get(kubectl, "attempts", namespace)["items"], key=lambda a: a["spec"]["number"]
     )
     assert len(attempts) == 2
     assert attempts[1]["spec"]["trigger"] == "manual"
     assert attempts[1]["spec"]["request"] == "again-1"
-    cell_obj = get(kubectl, "cell", namespace, cell)
     assert cell_obj["status"]["selectedAttempt"] == 1  # the earliest valid result stays
     assert cell_obj["status"]["rerunTokens"] == ["again-1"]
 
@@ -404,7 +410,19 @@ def test_an_operator_killed_mid_run_resumes_without_duplicates_or_losses(
         what="a first result",
     )
     operator.kill()
-    time.sleep(3)  # pods end while no operator watches
+
+    def ended() -> set[str]:
+        return {
+            pod["metadata"]["name"]
+            for pod in get(kubectl, "pods", namespace)["items"]
+            if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
+        }
+
+    # Pods end while no operator watches: wait for one more to end (not for 3 s), unless
+    # none was left running.
+    before = ended()
+    if len(before) < len(get(kubectl, "pods", namespace)["items"]):
+        wait_until(lambda: ended() - before, timeout=300, what="a pod to end unwatched")
     operator.start()
     exp = wait_for_phase(kubectl, namespace, "crash", ("Complete",), operator)
     attempts = get(kubectl, "attempts", namespace)["items"]
@@ -451,17 +469,19 @@ def test_deleting_an_experiment_cascades(
         "delete", "experiment", "gone", f"--namespace={namespace}", "--wait=true", "--timeout=60s"
     )
 
-    def all_gone() -> bool:
-        return not any(
-            get(kubectl, kind, namespace)["items"]
+    def left() -> int:
+        return sum(
+            len(get(kubectl, kind, namespace)["items"])
             for kind in ("cells", "attempts", "networkpolicies")
-        ) and not [
-            p
-            for p in get(kubectl, "pods", namespace)["items"]
-            if not p["metadata"].get("deletionTimestamp")
-        ]
+        ) + len(
+            [
+                p
+                for p in get(kubectl, "pods", namespace)["items"]
+                if not p["metadata"].get("deletionTimestamp")
+            ]
+        )
 
-    wait_until(all_gone, timeout=120, what="everything owned by the experiment to be deleted")
+    wait_for_none_left(left, what="objects owned by the experiment")
 
 
 # -- the egress proxy: sidecar in the Pod, gateway outside --------------------------------------

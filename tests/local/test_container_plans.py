@@ -8,7 +8,8 @@ from maka_eval.engine.expand import Cell
 from maka_eval.executors.load import experiment_from_data
 from maka_eval.local.plans import attempt_plan
 from maka_eval.local.prerequisites import ResolvedCommands
-from maka_eval.sandbox.container import EngineInfo, build_tag
+from maka_eval.sandbox.container.engine import EngineInfo
+from maka_eval.sandbox.container.images import build_tag
 from maka_eval.spec.task_directory import load_task
 from tests.helpers import spec, write_script
 

@@ -23,7 +23,7 @@ from maka_eval.local import prerequisites
 from maka_eval.local.plans import attempt_plan, egress_mode
 from maka_eval.local.prerequisites import ResolvedCommands
 from maka_eval.relay.plan import EgressPlan
-from maka_eval.sandbox.container import EngineInfo, EngineProbe
+from maka_eval.sandbox.container.engine import EngineInfo, EngineProbe
 from maka_eval.spec.task_directory import load_task
 from tests.helpers import make_task, spec
 

@@ -117,19 +117,19 @@ def test_cancel_records_cancelled_attempts_and_resume_finishes(setup, tmp_path):
     work = Path(os.environ["MAKA_EVAL_WORK_DIR"])
 
     def stop_when_started():
-        deadline = time.monotonic() + 20
-        while len(list(work.glob("**/workspace/started"))) < 2:
-            if time.monotonic() > deadline:
-                return
+        # The deadline only ends a hang; then the cancel comes early and the test fails.
+        deadline = time.monotonic() + 300
+        while len(list(work.glob("**/workspace/started"))) < 2 and time.monotonic() < deadline:
             time.sleep(0.02)
         cancel.cancel()
 
     threading.Thread(target=stop_when_started).start()
-    t0 = time.monotonic()
     report = s.run(cancel=cancel)
-    assert time.monotonic() - t0 < 15
     assert report.cancelled
     assert statuses(s.run_dir) == {"a::1::slow": ["cancelled"], "b::1::slow": ["cancelled"]}
+    # Stopped, not waited for: neither subject lived to the end of its 30 s sleep.
+    records = read_run(s.run_dir).records
+    assert all(r.timings["subjectSec"] < 30 for rs in records.values() for r in rs), records
     assert not (s.run_dir / ".writer.lock").exists()
     fast.touch()  # the same spec, run again: it resumes
     report = s.run()
@@ -192,12 +192,22 @@ def test_budget_stops_new_groups_and_running_ones_finish(setup, tmp_path):
 def test_groups_start_together_and_respect_the_concurrency_limit(setup, tmp_path):
     log = tmp_path / "log"
     log.mkdir()
+    groups = tmp_path / "groups"
+    groups.mkdir()
     arm = write_script(
         tmp_path / "arm.sh",
         (
             "#!/bin/sh\n"
             f'echo "$(date +%s.%N) start" > "{log}/$MAKA_EVAL_CELL_ID"\n'
-            "sleep 0.4; touch done.txt\n"
+            # Each arm waits for its group's three arms and for a second group to start
+            # (the deadline, 120 s, only ends a hang): launched together, the arms' spans
+            # overlap however slow the machine; launched one after another, they cannot.
+            f'group="{groups}/${{MAKA_EVAL_CELL_ID%::*}}"\n'
+            'mkdir -p "$group" && touch "$group/${MAKA_EVAL_CELL_ID##*::}"\n'
+            "n=0\n"
+            f'while {{ [ "$(ls "$group" | wc -l)" -lt 3 ] || [ "$(ls {groups} | wc -l)" -lt 2 ]; }}'
+            ' && [ "$n" -lt 2400 ]; do sleep 0.05; n=$((n + 1)); done\n'
+            "touch done.txt\n"
             f'echo "$(date +%s.%N) end" >> "{log}/$MAKA_EVAL_CELL_ID"\n'
         ),
     )
@@ -226,8 +236,8 @@ def test_groups_start_together_and_respect_the_concurrency_limit(setup, tmp_path
     for cell, span in spans.items():
         groups.setdefault(cell.rsplit("::", 1)[0], []).append(span)
     for arms in groups.values():
-        starts = [a for a, _ in arms]
-        assert max(starts) - min(starts) < 0.2, "arms of a task group must start together"
+        starts, ends = [a for a, _ in arms], [b for _, b in arms]
+        assert max(starts) < min(ends), "arms of a task group must run together"
     group_spans = [(min(a for a, _ in g), max(b for _, b in g)) for g in groups.values()]
     moments = sorted(t for span in group_spans for t in span)
     most = max(sum(1 for a, b in group_spans if a <= m < b) for m in moments)
@@ -314,7 +324,7 @@ def test_the_container_sandbox_refuses_tasks_without_an_image(setup):
 )
 def test_what_the_container_sandbox_cannot_do_is_refused(setup, monkeypatch, files, toml, message):
     from maka_eval.local import prerequisites
-    from maka_eval.sandbox.container import EngineInfo, EngineProbe
+    from maka_eval.sandbox.container.engine import EngineInfo, EngineProbe
 
     engine = EngineInfo("unix:///fake.sock", "Podman", "4.3.1", "1.41", gpus=False)
     monkeypatch.setattr(prerequisites, "engine_info", lambda env: EngineProbe(engine, ()))
@@ -326,7 +336,7 @@ def test_what_the_container_sandbox_cannot_do_is_refused(setup, monkeypatch, fil
 def test_an_allowlist_needs_a_proxy_the_engine_can_put_a_container_behind(setup, monkeypatch):
     # Only Podman joins a namespace by path; on Docker the allowlist could not be kept.
     from maka_eval.local import prerequisites
-    from maka_eval.sandbox.container import EngineInfo, EngineProbe
+    from maka_eval.sandbox.container.engine import EngineInfo, EngineProbe
 
     engine = EngineInfo("unix:///fake.sock", "Docker", "27.0", "1.46", gpus=False)
     monkeypatch.setattr(prerequisites, "engine_info", lambda env: EngineProbe(engine, ()))

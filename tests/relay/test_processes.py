@@ -76,7 +76,7 @@ def test_cancellation_quiesces_the_whole_tree(plan_for, run):
     result = {}
     thread = threading.Thread(target=lambda: result.update(o=run(plan, cancel=cancel)))
     thread.start()
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 120  # only ends a hang
     while not (workspace / "done.txt").exists() and time.monotonic() < deadline:
         time.sleep(0.02)
     found = pids(workspace)

@@ -22,7 +22,9 @@ import pytest
 from maka_eval.engine.status import AttemptStatus
 from maka_eval.executors.load import load_experiment_file
 from maka_eval.local.executor import LocalRun, RunReport
-from maka_eval.sandbox import container as container_backend
+from maka_eval.sandbox.container.engine import client_for
+from maka_eval.sandbox.container.images import build_tag, image_builds
+from maka_eval.sandbox.container.removal import leftover_containers
 from maka_eval.spec.task_directory import directory_digest, load_tasks
 from maka_eval.store.run_store import artifact_path, read_run
 from tests.helpers import write_script
@@ -120,7 +122,7 @@ def no_containers_left(engine: str, run_dir: Path) -> None:
     run_ids = {r.run_id for attempts in read_run(run_dir).records.values() for r in attempts}
     assert run_ids
     for run_id in run_ids:
-        assert container_backend.leftover_containers(engine, run_id) == []
+        assert leftover_containers(engine, run_id) == []
 
 
 # -- Harbor tasks end to end --------------------------------------------------------------
@@ -179,21 +181,21 @@ def test_an_image_built_from_a_dockerfile_is_reused(container_engine, tmp_path):
     name = bench.add(FIXTURES / "fix-greeting", "cache-probe")
     # A folder nobody built before: its own digest, its own tag.
     (bench.tasks / name / "environment" / "other.txt").write_text(f"{tmp_path}\n")
-    tag = container_backend.build_tag(name, directory_digest(bench.tasks / name / "environment"))
-    before = container_backend.image_builds[tag]
+    tag = build_tag(name, directory_digest(bench.tasks / name / "environment"))
+    before = image_builds[tag]
     try:
         bench.run()
-        assert container_backend.image_builds[tag] == before + 1
+        assert image_builds[tag] == before + 1
         first = _image_id(container_engine, tag)
         bench.run()
-        assert container_backend.image_builds[tag] == before + 1  # not built again
+        assert image_builds[tag] == before + 1  # not built again
         assert _image_id(container_engine, tag) == first
     finally:
-        container_backend.client_for(container_engine).api.remove_image(tag, force=True)
+        client_for(container_engine).api.remove_image(tag, force=True)
 
 
 def _image_id(engine: str, tag: str) -> str:
-    return str(container_backend.client_for(engine).api.inspect_image(tag)["Id"])
+    return str(client_for(engine).api.inspect_image(tag)["Id"])
 
 
 def test_a_missing_image_is_a_clear_infrastructure_failure(container_engine, tmp_path):
@@ -442,7 +444,7 @@ def test_containers_left_by_a_writer_that_died_are_removed(container_engine, tmp
     bench.add(FIXTURES / "plain-image")
     _, run_dir = bench.run()
     run_id = read_run(run_dir).run_id
-    client = container_backend.client_for(container_engine)
+    client = client_for(container_engine)
     orphan = client.containers.create(
         "debian:bookworm-slim",
         entrypoint=["sleep"],
@@ -452,9 +454,9 @@ def test_containers_left_by_a_writer_that_died_are_removed(container_engine, tmp
         stop_signal="SIGKILL",
     )
     orphan.start()
-    assert container_backend.leftover_containers(container_engine, run_id) == [orphan.id]
+    assert leftover_containers(container_engine, run_id) == [orphan.id]
     bench.run(again=True)  # resumes: nothing to run, and the orphan is gone
-    assert container_backend.leftover_containers(container_engine, run_id) == []
+    assert leftover_containers(container_engine, run_id) == []
 
 
 def test_the_environment_healthcheck_runs_in_the_container_before_the_subject(

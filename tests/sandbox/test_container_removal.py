@@ -14,15 +14,24 @@ import time
 import docker.errors
 import pytest
 
-from maka_eval.sandbox import container as container_backend
+from maka_eval.sandbox.container import images as container_images
+from maka_eval.sandbox.container.engine import LABEL, client_for
+from maka_eval.sandbox.container.removal import Removals, drain_removals, leftover_containers
+from maka_eval.sandbox.container.sandbox import ContainerSandbox
 from tests.helpers import sandbox_layout
 from tests.sandbox.conftest import BASE_IMAGE
 
 
 class FakeApi:
-    def __init__(self, *, pausable: bool = True, removal_sec: float = 0.0) -> None:
+    def __init__(
+        self, *, pausable: bool = True, removal_sec: float = 0.0, held: bool = False
+    ) -> None:
         self.pausable = pausable
         self.removal_sec = removal_sec
+        self.release = threading.Event()
+        """A held removal lasts until the test sets this."""
+        if not held:
+            self.release.set()
         self.calls: list[tuple[str, str]] = []
         self.removed = threading.Event()
 
@@ -33,6 +42,8 @@ class FakeApi:
 
     def remove_container(self, container_id: str, force: bool, v: bool) -> None:
         assert force and v
+        # The deadline only ends a hang: a test releases a held removal itself.
+        assert self.release.wait(timeout=600), "the test never released the removal"
         time.sleep(self.removal_sec)
         self.calls.append(("remove", container_id))
         self.removed.set()
@@ -44,20 +55,20 @@ class FakeClient:
 
 
 def test_a_container_is_paused_now_and_removed_later():
-    removals = container_backend._Removals()
-    api = FakeApi(removal_sec=0.3)
-    started = time.monotonic()
+    removals = Removals()
+    api = FakeApi(held=True)
+    # The removal cannot finish before the release below: remove() returns without it.
     removals.remove(FakeClient(api), "c1", "/run/netns/cell-1")
-    assert time.monotonic() - started < 0.2  # not waiting for the removal
     assert api.calls == [("pause", "c1")]
     removals.wait_for("/run/netns/other")  # another namespace: nothing to wait for
     assert not api.removed.is_set()
+    api.release.set()
     removals.wait_for("/run/netns/cell-1")  # the same: its ports are free after this
     assert api.calls == [("pause", "c1"), ("remove", "c1")]
 
 
 def test_drain_waits_for_every_removal():
-    removals = container_backend._Removals()
+    removals = Removals()
     apis = [FakeApi(removal_sec=0.2) for _ in range(3)]
     for number, api in enumerate(apis):
         removals.remove(FakeClient(api), f"c{number}", None)
@@ -66,14 +77,14 @@ def test_drain_waits_for_every_removal():
 
 
 def test_a_container_that_cannot_be_paused_is_removed_at_once():
-    removals = container_backend._Removals()
+    removals = Removals()
     api = FakeApi(pausable=False)
     removals.remove(FakeClient(api), "c1", None)
     assert api.calls == [("pause", "c1"), ("remove", "c1")]  # before remove() returned
 
 
 def test_a_failed_removal_does_not_hang_the_drain():
-    removals = container_backend._Removals()
+    removals = Removals()
     api = FakeApi()
 
     def broken(container_id, force, v):
@@ -86,16 +97,16 @@ def test_a_failed_removal_does_not_hang_the_drain():
 
 @pytest.mark.usefixtures("container_engine")
 def test_on_the_engine_the_processes_are_frozen_until_the_container_is_gone(container_engine):
-    client = container_backend.client_for(container_engine)
+    client = client_for(container_engine)
     created = client.api.create_container(
         BASE_IMAGE,
         entrypoint=["sh", "-c"],
         command=["while :; do date +%s%N >/tmp/now; done"],
-        labels={f"{container_backend.LABEL}.attempt-id": "removal-test"},
+        labels={f"{LABEL}.attempt-id": "removal-test"},
     )
     container_id = created["Id"]
     client.api.start(container_id)
-    removals = container_backend._Removals()
+    removals = Removals()
     removals.remove(client, container_id, None)
     try:
         state = client.api.inspect_container(container_id)["State"]
@@ -126,19 +137,19 @@ def test_an_image_is_inspected_once_per_run(monkeypatch):
     from maka_eval.sandbox.plans import ContainerPlan
 
     api = InspectingApi()
-    monkeypatch.setattr(container_backend, "client_for", lambda engine: FakeClient(api))
+    monkeypatch.setattr(container_images, "client_for", lambda engine: FakeClient(api))
     plan = ContainerPlan(engine="unix:///nowhere.sock", image="example/task:1")
-    container_backend.forget_images()
-    first = container_backend.ensure_image(plan, "t")
-    assert container_backend.ensure_image(plan, "t") is first  # the next attempts
+    container_images.forget_images()
+    first = container_images.ensure_image(plan, "t")
+    assert container_images.ensure_image(plan, "t") is first  # the next attempts
     assert api.inspected == 1
     other = ContainerPlan(engine="unix:///nowhere.sock", image="example/task:2")
-    container_backend.ensure_image(other, "t")
+    container_images.ensure_image(other, "t")
     assert api.inspected == 2
-    container_backend.forget_images()  # a new run
-    container_backend.ensure_image(plan, "t")
+    container_images.forget_images()  # a new run
+    container_images.ensure_image(plan, "t")
     assert api.inspected == 3
-    container_backend.forget_images()
+    container_images.forget_images()
 
 
 def _sandbox(tmp_path, engine, image, number):
@@ -146,7 +157,7 @@ def _sandbox(tmp_path, engine, image, number):
     from maka_eval.sandbox.plans import ContainerPlan
 
     layout = sandbox_layout(tmp_path / f"attempt-{number}")
-    return container_backend.ContainerSandbox(
+    return ContainerSandbox(
         ProcessSupervisor(),
         f"pinning-test-{number}",
         layout,
@@ -159,29 +170,29 @@ def _sandbox(tmp_path, engine, image, number):
 def test_a_tag_moved_during_a_run_changes_none_of_its_attempts(container_engine, tmp_path):
     from tests.sandbox.conftest import PYTHON_IMAGE
 
-    client = container_backend.client_for(container_engine)
+    client = client_for(container_engine)
     tag = "localhost/maka-eval-test/moved:1"
     base_id = client.api.inspect_image(BASE_IMAGE)["Id"]
     python_id = client.api.inspect_image(PYTHON_IMAGE)["Id"]
     assert base_id != python_id
     client.api.tag(BASE_IMAGE, "localhost/maka-eval-test/moved", "1")
-    container_backend.forget_images()  # a run starts
+    container_images.forget_images()  # a run starts
     images = []
     try:
         for number in range(3):
             if number == 1:  # the tag moves to another image while the run goes on
                 client.api.tag(PYTHON_IMAGE, "localhost/maka-eval-test/moved", "1")
             if number == 2:  # a new run
-                container_backend.forget_images()
+                container_images.forget_images()
             sandbox = _sandbox(tmp_path, container_engine, tag, number)
             sandbox.start()
             try:
                 images.append(client.api.inspect_container(sandbox.container_id)["Image"])
             finally:
                 sandbox.stop()
-        container_backend.drain_removals()
+        drain_removals()
     finally:
-        container_backend.forget_images()
+        container_images.forget_images()
         with contextlib.suppress(docker.errors.APIError):
             client.api.remove_image(tag)
     assert [i.removeprefix("sha256:") for i in images] == [
@@ -189,4 +200,4 @@ def test_a_tag_moved_during_a_run_changes_none_of_its_attempts(container_engine,
         base_id.removeprefix("sha256:"),  # pinned within the run
         python_id.removeprefix("sha256:"),  # resolved again by the next run
     ]
-    assert container_backend.leftover_containers(container_engine, "pinning-test") == []
+    assert leftover_containers(container_engine, "pinning-test") == []

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from maka_eval.sandbox import container as container_backend
+from maka_eval.sandbox.container.removal import leftover_containers
+from maka_eval.sandbox.container.sandbox import ContainerSandbox
 from maka_eval.store.run_store import read_run
 from tests.local.test_steps import (
     SNOOP,
@@ -49,7 +50,7 @@ def test_oracle_scores_1_and_nop_0_with_a_min_reward_abort(container_engine, tmp
     }
     assert run_ids
     for run_id in run_ids:
-        assert container_backend.leftover_containers(container_engine, run_id) == []
+        assert leftover_containers(container_engine, run_id) == []
 
 
 def test_mean_and_final_reward_strategies(container_engine, tmp_path):
@@ -64,13 +65,13 @@ def test_no_step_sees_another_steps_tests_or_forges_a_reward(
     container_engine, tmp_path, monkeypatch
 ):
     fetched: list[str] = []
-    get = container_backend.ContainerSandbox._get
+    get = ContainerSandbox._get
 
     def recording_get(self, path, limit):
         fetched.append(path)
         return get(self, path, limit)
 
-    monkeypatch.setattr(container_backend.ContainerSandbox, "_get", recording_get)
+    monkeypatch.setattr(ContainerSandbox, "_get", recording_get)
     bench = container_bench(tmp_path, container_engine)
     bench.task("notes")
     found = bench.run([external("snoop", SNOOP)])

@@ -14,7 +14,11 @@ from pathlib import Path
 import pytest
 
 from maka_eval.errors import PrerequisiteError
-from maka_eval.sandbox import container, toolbox
+from maka_eval.sandbox import exec as exec_helper
+from maka_eval.sandbox import toolbox
+from maka_eval.sandbox.container.engine import diff_caveat
+from maka_eval.sandbox.container.image_facts import parse_facts
+from maka_eval.sandbox.container.verifier_argv import trusted_argv
 from tests.helpers import spec
 from tests.local.conftest import Setup, setup
 from tests.sandbox.test_changes import ld_cache
@@ -82,7 +86,7 @@ def test_a_toolbox_that_cannot_be_made_names_the_packages(
 
 def test_a_run_with_container_tasks_needs_the_toolbox(setup, monkeypatch) -> None:
     from maka_eval.local import prerequisites
-    from maka_eval.sandbox.container import EngineInfo, EngineProbe
+    from maka_eval.sandbox.container.engine import EngineInfo, EngineProbe
 
     engine = EngineInfo("unix:///fake.sock", "Podman", "4.3.1", "1.41", gpus=False)
     monkeypatch.setattr(prerequisites, "engine_info", lambda env: EngineProbe(engine, ()))
@@ -156,7 +160,7 @@ BASH = toolbox.BASH
     ],
 )
 def test_bash_scripts_run_in_the_toolboxs_bash(argv, head, expected, interpreter) -> None:
-    assert container.trusted_argv(argv, head) == (expected, interpreter)
+    assert trusted_argv(argv, head) == (expected, interpreter)
 
 
 def test_what_the_image_holds_is_read_from_the_holders_report() -> None:
@@ -178,15 +182,15 @@ def test_what_the_image_holds_is_read_from_the_holders_report() -> None:
         f"ldcache {base64.b64encode(cache).decode()}",
         "ready 12 34 56",
     ]
-    facts = container._parse_facts(lines)
+    facts = parse_facts(lines)
     assert facts.path_dirs == ("/usr/local/bin", "/usr/bin")
     assert facts.commands == {"/usr/local/bin": {"pip"}, "/usr/bin": {"python3", "bash"}}
     assert facts.links == {"/bin"}
     assert facts.site_modules == {"numpy", "six"}
     assert facts.libraries == {"libc.so.6": {"/lib/libc.so.6"}}
     # No cache in the image (musl): none known; one that cannot be read: unknown.
-    assert container._parse_facts(["in /bin"]).libraries == {}
-    assert container._parse_facts(["in /bin", "ldcache bm90IGEgY2FjaGU="]).libraries is None
+    assert parse_facts(["in /bin"]).libraries == {}
+    assert parse_facts(["in /bin", "ldcache bm90IGEgY2FjaGU="]).libraries is None
 
 
 @pytest.mark.parametrize(
@@ -200,8 +204,8 @@ def test_what_the_image_holds_is_read_from_the_holders_report() -> None:
 )
 def test_an_engine_without_a_native_overlay_diff_is_named(monkeypatch, answer, caveat) -> None:
     engine = f"unix:///fake-{caveat}-{answer[0]}-{len(str(answer[1]))}.sock"
-    monkeypatch.setattr(container.exec_helper, "request", lambda *a, **k: answer)
-    said = container.diff_caveat(engine)
+    monkeypatch.setattr(exec_helper, "request", lambda *a, **k: answer)
+    said = diff_caveat(engine)
     assert (said is not None) is caveat
     if caveat:
         assert said is not None and "rewrote with its size and time kept" in said

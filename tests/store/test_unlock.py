@@ -24,6 +24,7 @@ from maka_eval.errors import StoreError
 from maka_eval.processes.table import ATTEMPT_MARKER, RUN_MARKER, stat
 from maka_eval.store.lock import LOCK_NAME, LockState, inspect_lock, unlock
 from maka_eval.store.run_store import RunWriter
+from tests.helpers import signal_pending
 from tests.store.test_run_store import IDENTITY
 from tests.test_process_table import Spawner, gone, running
 
@@ -76,7 +77,7 @@ def frozen(spawn: Spawner, env: dict[str, str], cwd: Path | str = "/") -> int:
     proc = spawn([sys.executable, "-c", STUBBORN], env=env, cwd=cwd)
     assert proc.stdout.readline().strip() == "ready"
     os.kill(proc.pid, signal.SIGSTOP)
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 120  # only ends a hang
     while stat(proc.pid).state != "T":
         assert time.monotonic() < deadline
         time.sleep(0.01)
@@ -131,7 +132,7 @@ def test_an_orphan_with_an_empty_environment_keeps_the_lock(dead, spawn):
         dead.unlock()
     assert f"cwd {dead.workspace.resolve()}" in info.value.render()
     os.kill(lost, signal.SIGKILL)
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 120  # only ends a hang
     while not gone(lost):
         assert time.monotonic() < deadline
         time.sleep(0.01)
@@ -148,7 +149,7 @@ def test_frozen_leftovers_are_named_and_the_advised_command_works(dead, spawn):
     assert f"pid {pid}: frozen (stopped)" in text and "--force" in text
     # A plain `kill` leaves a stopped process as it is: unlock still refuses.
     subprocess.run(["sh", "-c", f"kill {pid}"], check=True)
-    time.sleep(0.3)
+    assert signal_pending(pid, signal.SIGTERM)
     with pytest.raises(StoreError, match="frozen"):
         dead.unlock()
     # The command the message gives does end it.

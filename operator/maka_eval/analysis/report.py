@@ -501,6 +501,3 @@ def report_json(report: Report) -> dict[str, Any]:
         "pairs": [_pair_json(pair) for pair in report.pairs],
         "losses": [_loss_json(loss) for loss in report.losses],
     }
-
-
-# -- cells.csv ------------------------------------------------------------------------

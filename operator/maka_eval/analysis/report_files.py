@@ -248,6 +248,10 @@ def _write_file(path: Path, render: Callable[[], str]) -> None:
 def _alongside(write: Callable[[], None]) -> int | None:
     """Fork a child that calls `write` and exits: its pid, or None (not Linux, or no
     fork). Whether it wrote is `_wait_for`'s answer."""
+    # Pays only with a second CPU free: the children take 0.65 s CPU off this process
+    # (bench/README.md: cells.csv 1.0 s, the page 0.75 s). With load 8 on 2 CPUs they
+    # did not: analyse 4.7 s wall with them, 3.7 s without (bench/report_scale.py,
+    # medians of 6 interleaved runs, forks switched off by a patch).
     if not sys.platform.startswith("linux"):
         return None  # elsewhere forking a process that has loaded numpy is not safe
     try:

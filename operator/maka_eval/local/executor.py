@@ -84,12 +84,9 @@ from maka_eval.processes.supervisor import CancelToken, ProcessSupervisor
 from maka_eval.relay.attempt import run_attempt
 from maka_eval.relay.outcome import AttemptOutcome, build_kernel
 from maka_eval.relay.plan import MeteringPlan
-from maka_eval.sandbox.container import (
-    client_for,
-    drain_removals,
-    forget_images,
-    remove_leftovers,
-)
+from maka_eval.sandbox.container.engine import client_for
+from maka_eval.sandbox.container.images import forget_images
+from maka_eval.sandbox.container.removal import drain_removals, remove_leftovers
 from maka_eval.sandbox.holders import NamespacePool, etc_view
 from maka_eval.spec.egress import policy_of
 from maka_eval.spec.load import LoadedExperiment

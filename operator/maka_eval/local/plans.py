@@ -12,7 +12,7 @@ from maka_eval.engine.modes import egress_mode as decide_egress
 from maka_eval.executors.plan import plan_attempt
 from maka_eval.local.prerequisites import RUNTIME_HOST, ResolvedCommands
 from maka_eval.relay.plan import AttemptPlan, EgressPlan
-from maka_eval.sandbox.container import build_tag
+from maka_eval.sandbox.container.images import build_tag
 from maka_eval.sandbox.holders import SYSTEM_FOLDERS
 from maka_eval.sandbox.plans import ContainerPlan
 from maka_eval.spec.egress import policy_of

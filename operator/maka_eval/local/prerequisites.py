@@ -19,7 +19,7 @@ from maka_eval.errors import PrerequisiteError, Problem
 from maka_eval.local.netns import enforcement_unavailable
 from maka_eval.sandbox import backends
 from maka_eval.sandbox.backends import SandboxLoadError
-from maka_eval.sandbox.container import EngineInfo, engine_info
+from maka_eval.sandbox.container.engine import EngineInfo, engine_info
 from maka_eval.sandbox.holders import runtime_path
 from maka_eval.sandbox.process import namespaces_unavailable
 from maka_eval.sandbox.toolbox import toolbox_problem

@@ -39,7 +39,7 @@ ENTRY_POINT_GROUP = "maka_eval.sandboxes"
 
 BUILTIN: Mapping[str, str] = {
     "process": "maka_eval.sandbox.process:BACKEND",
-    "container": "maka_eval.sandbox.container:BACKEND",
+    "container": "maka_eval.sandbox.container.backend:BACKEND",
 }
 """maka-eval's own backends (also registered as entry points, for listing)."""
 

@@ -1,0 +1,4 @@
+# shellcheck shell=sh
+# What the last verifier left in the container (its upload folders) goes before the next
+# step.
+rm -rf /maka/.v-*
