@@ -362,11 +362,13 @@ def _collect(s: _Session) -> str:
     why = s.sandbox.collect(f"{inside}/report.txt", target, DOWNLOAD_CAP)
     if why is not None or target.read_text() != "report\n":
         raise _Failed(f"a regular file was not collected: {why}")
-    leak = s.scratch / "artifacts" / "leak.txt"
-    s.sandbox.collect(f"{inside}/leak.txt", leak, DOWNLOAD_CAP)
-    if leak.is_symlink() or (leak.is_file() and "root" in leak.read_text(errors="replace")):
-        raise _Failed("collect followed (or copied) a link the subject left")
-    return "a file is collected, a link is not followed"
+    s.ok("ln -s /etc etc-link")
+    for name, source in (("leak.txt", "leak.txt"), ("behind", "etc-link/passwd")):
+        leak = s.scratch / "artifacts" / name
+        s.sandbox.collect(f"{inside}/{source}", leak, DOWNLOAD_CAP)
+        if leak.is_symlink() or (leak.is_file() and "root" in leak.read_text(errors="replace")):
+            raise _Failed(f"collect followed (or copied) a link the subject left: {source}")
+    return "a file is collected, a link is not followed (at the end of a path or in it)"
 
 
 def _no_false_tampering(s: _Session) -> str:

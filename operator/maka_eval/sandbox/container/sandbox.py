@@ -54,6 +54,7 @@ import contextlib
 import hashlib
 import io
 import os
+import posixpath
 import secrets
 import shutil
 import stat
@@ -174,6 +175,8 @@ class ContainerSandbox:
         self.labels.update({f"{LABEL}.{k}": v for k, v in (labels or {}).items()})
         self.notes: list[str] = []
         self.container_id: str | None = None
+        self._through_link = False
+        """Whether the last `_get` refused a path that the engine reached through a link."""
         self.workdir = plan.workdir or DEFAULT_WORKDIR
         self.image_user = ""
         self.private_view: str | None = "the container was not started"
@@ -503,14 +506,42 @@ class ContainerSandbox:
         except docker.errors.APIError as exc:
             raise OSError(f"cannot upload into the container: {api_message(exc)}") from None
 
-    def _get(self, path: str, limit: int) -> bytes | None:
+    def _get(self, path: str, limit: int, *, resolve: bool = False) -> bytes | None:
+        """The archive of what is at `path`; None when it is gone, or when reaching it
+        meant following a link (`_through_link` says which, for `collect`). `resolve`:
+        also look for links inside the path first (one exec more), for paths a task names
+        in the subject's folders."""
         import docker.errors
 
+        self._through_link = False
+        if resolve and self._resolves_elsewhere(path):
+            self._through_link = True
+            return None
         try:
-            stream, _ = self._client.api.get_archive(self.container_id, path)
+            stream, stat = self._client.api.get_archive(self.container_id, path)
         except docker.errors.NotFound:
             return None
+        if _followed_a_link(path, stat):
+            stream.close()
+            self._through_link = True
+            return None
         return read_stream(stream, limit)
+
+    def _resolves_elsewhere(self, path: str) -> bool:
+        """Whether a link inside `path` leads somewhere else (the toolbox's readlink -f).
+        The engine resolves every folder on the way to a path, and the stat it answers
+        with describes only the last one (`_followed_a_link`). A process the subject left
+        running could still swap a folder for a link between this look and the copy:
+        the copy is then of a file the container holds, as root; the verifier's private
+        folders are in a mount namespace the copy does not enter."""
+        if not path.startswith("/"):
+            return False
+        _, out = self._run_root(shell.argv("maka-resolve", path))
+        for line in out.decode(errors="replace").splitlines():
+            asked, _, resolved = line.partition("\t")
+            if asked == path and resolved:
+                return posixpath.normpath(resolved) != _normalized(path)
+        return False
 
     def _run_root(self, argv: Sequence[str]) -> tuple[int, bytes]:
         """Run a short program as root, waiting for it: exit code and stdout."""
@@ -582,7 +613,7 @@ class ContainerSandbox:
         taken = self._agent_logs_taken and host_path == self.layout.agent_logs
         if sandbox_path == Layout.AGENT_LOGS_PATH and taken:
             return  # the verifier's wrapper brought it back already
-        data = self._get(sandbox_path, max_bytes)
+        data = self._get(sandbox_path, max_bytes, resolve=True)
         if data:
             Path(host_path).mkdir(parents=True, exist_ok=True)
             with contextlib.suppress(tarfile.TarError, OSError):
@@ -594,9 +625,11 @@ class ContainerSandbox:
         if self.container_id is None:
             return "the container is gone"
         try:
-            data = self._get(source, max_bytes)
+            data = self._get(source, max_bytes, resolve=True)
         except docker.errors.APIError as exc:
             return api_message(exc)
+        if data is None and self._through_link:
+            return "it is a link, or lies behind one (links are never followed)"
         if data is None:
             return "it does not exist"
         try:
@@ -933,3 +966,29 @@ class ContainerSandbox:
                 self.container_id = None
         finally:
             self.supervisor.end_attempt(self.attempt_id)
+
+
+GO_MODE_SYMLINK = 1 << 27
+"""Go's fs.ModeSymlink, in the mode of the engine's path stat (X-Docker-Container-Path-Stat)."""
+
+
+def _normalized(path: str) -> str:
+    """`path` without `.`, `..` and repeated slashes (POSIX keeps a leading `//`;
+    readlink does not)."""
+    return "/" + posixpath.normpath(path).lstrip("/")
+
+
+def _followed_a_link(path: str, stat: Mapping[str, Any] | None) -> bool:
+    """Whether the engine reached `path` through a link. Docker archives a link itself
+    (a link member, refused by the callers), but Podman follows one, at the end of the
+    path or inside it, and archives what it points at: its stat then says the path is a
+    link, or names where it really went (linkTarget, the resolved path)."""
+    if not stat:
+        return False
+    mode = stat.get("mode")
+    if isinstance(mode, int) and mode & GO_MODE_SYMLINK:
+        return True
+    target = stat.get("linkTarget")
+    if isinstance(target, str) and target and path.startswith("/"):
+        return _normalized(target) != _normalized(path)
+    return False

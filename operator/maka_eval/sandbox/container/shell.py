@@ -39,6 +39,7 @@ PROGRAMS: dict[str, tuple[str, ...]] = {
     "maka-holder": ("image-facts.sh", "user-ids.sh", "holder.sh"),
     "maka-facts": ("image-facts.sh", "report-facts.sh"),
     "maka-read": ("read-files.sh",),
+    "maka-resolve": ("resolve.sh",),
     "maka-subject": ("user-ids.sh", "subject-wrapper.sh"),
     "maka-chown": ("user-ids.sh", "chown.sh"),
     "maka-verifier": ("user-ids.sh", "verifier-wrapper.sh"),
