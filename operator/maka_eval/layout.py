@@ -41,7 +41,8 @@ VERIFIER_BOX_PREFIX: Final = f"{RELAY_ROOT}/.v-"
 BRIDGE_OUTPUT_DIR: Final = f"{RELAY_ROOT}/out"
 """Harbor's task container: the subject's stdout, stderr and result frame."""
 BRIDGE_FRAME_FILE: Final = f"{BRIDGE_OUTPUT_DIR}/result.json"
-BRIDGE_CREDENTIALS_FILE: Final = f"{RELAY_ROOT}/run/credentials.env"
+BRIDGE_RUN_DIR: Final = f"{RELAY_ROOT}/run"
+BRIDGE_CREDENTIALS_FILE: Final = f"{BRIDGE_RUN_DIR}/credentials.env"
 """Harbor's task container: sourced then deleted by the subject's wrapper."""
 
 # -- in an attempt's Pod: the subject container's mounts -------------------------------
