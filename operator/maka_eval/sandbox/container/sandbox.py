@@ -66,8 +66,19 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from maka_eval import layout, strict_json
+from maka_eval import strict_json
 from maka_eval.engine.modes import Isolation, NetworkMode
+from maka_eval.layout import (
+    CONTAINER_CA_CERT_PATH,
+    CONTAINER_FRAME_DIR,
+    CONTAINER_INSTRUCTION_PATH,
+    LOGS_ROOT,
+    PROGRAM_DIR,
+    RELAY_ROOT,
+    SOLUTION_PATH,
+    TESTS_PATH,
+    VERIFIER_BOX_PREFIX,
+)
 from maka_eval.processes.output import OutputCapture
 from maka_eval.processes.supervisor import MARKER_VARIABLE as ATTEMPT_MARKER
 from maka_eval.processes.supervisor import CancelToken, ProcessSupervisor, WaitEnd
@@ -128,11 +139,11 @@ MAX_CONTENT_FILES = 256
 """At most this many files are read for the rules (entry points, the loader's cache)."""
 MAX_CONTENT_BYTES = 16 << 20
 RELAY_FOLDERS = (
-    layout.LOGS_ROOT,
+    LOGS_ROOT,
     "/tmp",
-    layout.RELAY_ROOT,
-    layout.TESTS_PATH,
-    layout.SOLUTION_PATH,
+    RELAY_ROOT,
+    TESTS_PATH,
+    SOLUTION_PATH,
     toolbox.MOUNT,
 )
 """Folders of the relay and the engine (with the workdir: the subject's working folders),
@@ -189,7 +200,7 @@ class ContainerSandbox:
         """helper pid -> (phase, the verifier's upload folder, its reports file)."""
         self._client: Any = None
         self._paths: dict[str, str] = {}
-        self._program = f"{layout.PROGRAM_DIR}/{Path(plan.program).name}" if plan.program else None
+        self._program = f"{PROGRAM_DIR}/{Path(plan.program).name}" if plan.program else None
         self._renewed = False
         """Whether a step ended since the last verifier (its private folders are emptied)."""
         self._agent_logs_taken = False
@@ -216,18 +227,18 @@ class ContainerSandbox:
         lay = self.layout
         paths = {
             lay.workspace: self.workdir,
-            lay.instruction: layout.CONTAINER_INSTRUCTION_PATH,
+            lay.instruction: CONTAINER_INSTRUCTION_PATH,
             lay.agent_logs: Layout.AGENT_LOGS_PATH,
             lay.tests: Layout.TESTS_PATH,
             lay.verifier_logs: Layout.VERIFIER_LOGS_PATH,
             **dict(lay.subject_dirs),
         }
         if lay.frame_dir is not None:
-            paths[lay.frame_dir] = layout.CONTAINER_FRAME_DIR
+            paths[lay.frame_dir] = CONTAINER_FRAME_DIR
         if self.plan.program and self._program:
             paths[self.plan.program] = self._program
         if self.network is not None and self.network.ca_cert is not None:
-            paths[self.network.ca_cert] = layout.CONTAINER_CA_CERT_PATH
+            paths[self.network.ca_cert] = CONTAINER_CA_CERT_PATH
         return paths
 
     def path_of(self, phase: Phase, host_path: str) -> str:
@@ -292,7 +303,7 @@ class ContainerSandbox:
             kwargs["cap_drop"] = list(SUBJECT_CAP_DROP)
             volumes[net.resolv_file] = {"bind": "/etc/resolv.conf", "mode": "ro"}
             if net.ca_cert is not None:
-                volumes[net.ca_cert] = {"bind": layout.CONTAINER_CA_CERT_PATH, "mode": "ro"}
+                volumes[net.ca_cert] = {"bind": CONTAINER_CA_CERT_PATH, "mode": "ro"}
         keeps_entrypoint = bool(config.get("Entrypoint"))
         if keeps_entrypoint:
             # As Harbor: the image's ENTRYPOINT runs, given `sh -c "sleep infinity"` (an
@@ -402,10 +413,10 @@ class ContainerSandbox:
         lay = self.layout
         tar = TarBuilder()
         tar.folder("maka", 0o755)
-        tar.folder(layout.PROGRAM_DIR, 0o755)
-        tar.data(layout.CONTAINER_INSTRUCTION_PATH, Path(lay.instruction).read_bytes(), 0o644)
+        tar.folder(PROGRAM_DIR, 0o755)
+        tar.data(CONTAINER_INSTRUCTION_PATH, Path(lay.instruction).read_bytes(), 0o644)
         if lay.frame_dir is not None:
-            tar.folder(layout.CONTAINER_FRAME_DIR, 0o777)
+            tar.folder(CONTAINER_FRAME_DIR, 0o777)
         tar.folder("logs", 0o755)
         tar.folder(Layout.AGENT_LOGS_PATH, 0o777)
         workspace = Path(lay.workspace)
@@ -732,7 +743,7 @@ class ContainerSandbox:
             raise OSError(
                 f"the verifier did not run: the subject changed what it runs on: {found.reason()}"
             )
-        box = f"{layout.VERIFIER_BOX_PREFIX}{secrets.token_hex(16)}"
+        box = f"{VERIFIER_BOX_PREFIX}{secrets.token_hex(16)}"
         tests = TarBuilder()
         tests.tree(Path(self.layout.tests), "")
         payload = tests.bytes()
@@ -864,7 +875,7 @@ class ContainerSandbox:
     def _download_frame(self) -> None:
         if self.layout.frame_dir is None:
             return
-        data = self._get(f"{layout.CONTAINER_FRAME_DIR}/result.json", MAX_FRAME_BYTES)
+        data = self._get(f"{CONTAINER_FRAME_DIR}/result.json", MAX_FRAME_BYTES)
         if data:
             # A later step's subject: the frame it leaves replaces the last step's.
             with contextlib.suppress(OSError):
