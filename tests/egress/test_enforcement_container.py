@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from maka_eval import layout
 from maka_eval.egress.policy import EgressPolicy
 from maka_eval.engine.status import AttemptStatus
 from maka_eval.local import netns
@@ -50,7 +51,7 @@ def test_no_way_out_of_a_container_cell_but_the_proxy(container_engine, tmp_path
     assert len(results) >= 30, results
     assert attacks.failures(results) == []
     trusted = next(r for r in results if r["attack"].startswith("the proxy's CA certificate"))
-    assert trusted["detail"] == container_sandbox.CA_CERT_PATH
+    assert trusted["detail"] == layout.CONTAINER_CA_CERT_PATH
     assert side.bait_hits == []
     assert side.seen == ["/ok"]
     policy = EgressPolicy("terminal-bench", [attacks.BLOCKED_HOST])

@@ -339,7 +339,8 @@ def test_a_pods_metered_usage_and_cost_reach_the_attempt_result(
 
 
 def test_the_pod_hands_the_checkpoint_to_the_relay_and_the_token_to_nobody_else() -> None:
-    from maka_eval.k8s.render import EGRESS_CHECKPOINT, RESULT_TOKEN_DIR, RESULT_TOKEN_FILE
+    from maka_eval.k8s.render import EGRESS_CHECKPOINT, RESULT_TOKEN_FILE
+    from maka_eval.layout import POD_RESULT_TOKEN_DIR as RESULT_TOKEN_DIR
     from tests.k8s.test_render import GATEWAY_KEY, REF, _mounts, proxied, rendered
 
     doc = proxied()

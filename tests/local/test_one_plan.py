@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
+from maka_eval import layout
 from maka_eval.engine.expand import Cell
 from maka_eval.engine.modes import Isolation
 from maka_eval.executors.attempts import launch_of, task_inputs
@@ -20,8 +21,8 @@ from maka_eval.executors.base import AttemptIdentity, AttemptRequest
 from maka_eval.executors.load import experiment_from_data
 from maka_eval.harbor.config import HarborExecutorConfig
 from maka_eval.harbor.executor import HarborExecutor, harbor_plan
-from maka_eval.k8s.render import BENCHMARK_DIR, executor_config
 from maka_eval.k8s.render import attempt_plan as pod_plan
+from maka_eval.k8s.render import executor_config
 from maka_eval.local.plans import attempt_plan as local_plan
 from maka_eval.local.prerequisites import ResolvedCommands
 from maka_eval.relay.plan import AttemptPlan, with_task_dir
@@ -121,7 +122,7 @@ def _comparable(plan: AttemptPlan) -> dict[str, Any]:
     # The oracle's solve.sh is run from the attempt's own folder (see "root"); a program
     # named by a path is the benchmark image's copy of this folder's in a Pod.
     data["subject"]["argv"] = [
-        a.replace(plan.root, "<root>").replace(BENCHMARK_DIR, str(HELLO.resolve()))
+        a.replace(plan.root, "<root>").replace(layout.POD_BENCHMARK_DIR, str(HELLO.resolve()))
         for a in plan.subject.argv
     ]
     return data

@@ -4,11 +4,14 @@ shellcheck; every shipped file is part of a program; the numbers they are given 
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
+from importlib import resources
 
 import pytest
 
+from maka_eval import layout
 from maka_eval.sandbox import toolbox
 from maka_eval.sandbox.container import shell
 
@@ -59,6 +62,30 @@ def test_the_programs_get_the_marker_capability() -> None:
         assert "@" not in shell.program(name).replace("$@", "").replace('"$@"', ""), name
     assert f"--drop-bounding {shell.MARKER_CAP} --" in shell.program("maka-subject")
     assert f'ids="$ids --ambient {shell.MARKER_CAP}"' in shell.program("maka-verifier")
+
+
+PLACEHOLDER = re.compile(r"@[A-Za-z_]+@")
+
+
+def test_no_placeholder_is_left_and_every_one_is_used() -> None:
+    shipped = resources.files("maka_eval.sandbox.container").joinpath("scripts")
+    raw = "".join(shipped.joinpath(f).read_text(encoding="utf-8") for f in shell.script_files())
+    assert set(PLACEHOLDER.findall(raw)) == set(shell.SUBSTITUTIONS)
+    for name in shell.PROGRAMS:
+        assert PLACEHOLDER.findall(shell.program(name)) == [], name
+
+
+def test_the_programs_get_the_layouts_paths() -> None:
+    holder = shell.program("maka-holder")
+    assert f"maka-tests {layout.TESTS_PATH} " in holder
+    assert f"maka-verifier {layout.VERIFIER_LOGS_PATH} " in holder
+    assert f"maka-private {toolbox.PRIVATE} " in holder
+    assert f"T={toolbox.BIN}\n" in holder
+    assert f"rm -rf {layout.VERIFIER_BOX_PREFIX}*" in shell.program("maka-next-step")
+    verifier = shell.program("maka-verifier")
+    assert f"p=$r{toolbox.PRIVATE}\n" in verifier
+    assert f"tar -C {layout.AGENT_LOGS_PATH} " in verifier
+    assert f"{toolbox.SETPRIV} --root" in verifier
 
 
 def test_a_program_runs_in_the_toolboxs_shell_with_its_name_and_arguments() -> None:

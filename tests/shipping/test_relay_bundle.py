@@ -28,13 +28,13 @@ from typing import Any
 import pytest
 import yaml
 
+from maka_eval import layout
 from maka_eval.contract.kernel import ResultKernel
 from maka_eval.engine.expand import expand
 from maka_eval.engine.status import AttemptStatus, StatusSource, Trigger
 from maka_eval.executors.load import experiment_from_data
 from maka_eval.k8s import relay_bundle
 from maka_eval.k8s.render import (
-    RELAY_BUNDLE_IN_IMAGE,
     ExperimentRef,
     attempt_object,
     pod_object,
@@ -299,7 +299,7 @@ def run_init_over(
     c = dict(node.container("relay-bundle"))
     mounts = [
         *c["volumeMounts"],
-        {"name": "bundle", "mountPath": RELAY_BUNDLE_IN_IMAGE, "readOnly": True},
+        {"name": "bundle", "mountPath": layout.RELAY_BUNDLE_IN_IMAGE, "readOnly": True},
     ]
     node.volumes["bundle"] = bundle
     spec = node.pod["spec"]

@@ -18,6 +18,7 @@ from math import isfinite
 from typing import Any, TypeVar
 
 from maka_eval.contract.fields import ContractError, Fields, finite, load_bounded
+from maka_eval.engine.modes import RECORDED_ISOLATIONS
 from maka_eval.engine.status import AttemptStatus, StatusSource
 from maka_eval.engine.usage import MAX_TOKENS, USAGE_FIELDS, Usage, UsageError
 
@@ -423,8 +424,9 @@ def check(kernel: ResultKernel) -> None:
         kernel.artifacts
     ):
         raise ContractError("artifacts: names must be unique")
-    if kernel.isolation not in (None, "namespaces", "container", "none"):
-        raise ContractError("isolation: must be 'namespaces', 'container' or 'none'")
+    if kernel.isolation is not None and kernel.isolation not in RECORDED_ISOLATIONS:
+        *others, last = (f"'{i.value}'" for i in RECORDED_ISOLATIONS)
+        raise ContractError(f"isolation: must be {', '.join(others)} or {last}")
     if kernel.notes and (
         len(kernel.notes) > MAX_NOTES or any(len(n) > NOTE_LIMIT for n in kernel.notes)
     ):

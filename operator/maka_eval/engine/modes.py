@@ -8,6 +8,7 @@ strings records, CRDs and plans have always held, so serialized forms do not cha
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Final
 
 
 class NetworkMode(StrEnum):
@@ -36,6 +37,13 @@ class Isolation(StrEnum):
     AUTO = "auto"
     """A request, never a record: namespaces where the machine (or a Pod's container)
     can make them, else none; resolved before the sandbox starts."""
+
+
+REQUESTED_ISOLATIONS: Final = (Isolation.AUTO, Isolation.NAMESPACES, Isolation.NONE)
+"""What the local executor's `isolation` setting may ask for, in the schema's order (a
+container is asked for with `sandbox: container`). The spec's and the CRD's enum."""
+RECORDED_ISOLATIONS: Final = tuple(i for i in Isolation if i is not Isolation.AUTO)
+"""What a record may say separated a subject (AUTO is resolved before any sandbox)."""
 
 
 class EgressMode(StrEnum):

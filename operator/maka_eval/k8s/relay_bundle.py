@@ -24,6 +24,8 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from maka_eval import layout
+
 MANIFEST = "checksums.sha256"
 DIGEST_PATTERN = r"^sha256:[0-9a-f]{64}$"
 _DIGEST = re.compile(DIGEST_PATTERN)
@@ -40,7 +42,7 @@ shift 3
 fail() {
   msg="relay bundle rejected: $* (image $image)"
   printf '%s\n' "$msg" >&2
-  printf '%s' "$msg" >/dev/termination-log 2>/dev/null || :
+  printf '%s' "$msg" >@TERMINATION_MESSAGE_PATH@ 2>/dev/null || :
   find "$dst" -mindepth 1 -delete 2>/dev/null || :
   exit 1
 }
@@ -77,7 +79,7 @@ if ! out=$(sha256sum --check --strict --quiet checksums.sha256 2>&1); then
     "$(printf '%s' "$out" | head -n 3 | tr '\n' ' ')"
 fi
 echo "relay bundle $actual verified: $(grep -c . checksums.sha256) files"
-"""
+""".replace("@TERMINATION_MESSAGE_PATH@", layout.TERMINATION_MESSAGE_PATH)
 
 
 class BadDigest(ValueError):

@@ -66,38 +66,20 @@ from maka_eval.spec.metering import prices_of
 from maka_eval.spec.subjects import ExternalSubject, MakaSubject, subject_launch
 
 API_VERSION = f"{API_GROUP}/{VERSION}"
-MOUNT_ROOT = "/maka"
-RELAY_DIR = f"{MOUNT_ROOT}/relay"
-BENCHMARK_DIR = f"{MOUNT_ROOT}/benchmark"
-WORK_DIR = f"{MOUNT_ROOT}/work"
-ARTIFACTS_DIR = f"{MOUNT_ROOT}/artifacts"
-RELAY_BUNDLE_IN_IMAGE = "/opt/maka-eval"
-"""Where the relay image holds the bundle (bin/maka-relay and what it needs)."""
-BENCHMARK_IN_IMAGE = "/benchmark"
-RELAY_PROGRAM = f"{RELAY_DIR}/bin/maka-relay"
-TERMINATION_MESSAGE_PATH = "/dev/termination-log"
 SUBJECT_CONTAINER = "subject"
 
 EGRESS_CONTAINER = "egress-proxy"
 EGRESS_PROXY_NAME = "maka-eval-proxy"
 """The proxy's name in HTTP(S)_PROXY, pinned to 127.0.0.1 by the Pod's hostAliases."""
 EGRESS_PROXY_PORT = sidecar.DEFAULT_PORT
-EGRESS_CA_DIR = f"{MOUNT_ROOT}/egress-ca"
-"""The CA certificate only: the subject mounts it read-only."""
-EGRESS_CA_CERT = f"{EGRESS_CA_DIR}/{sidecar.CA_CERT_NAME}"
-EGRESS_STATE_DIR = "/var/run/maka-eval/egress"
-"""The sidecar's own: the CA key (confdir) and the audit log."""
-EGRESS_SECRET_DIR = "/var/run/maka-eval/egress-secret"
+EGRESS_CA_CERT = f"{layout.POD_EGRESS_CA_DIR}/{sidecar.CA_CERT_NAME}"
 EGRESS_CREDENTIAL_KEY = "upstream-auth"
 EGRESS_POLICY_KEY = "policy.json"
 EGRESS_RESULT_TOKEN_KEY = "result-token"
-EGRESS_METER_DIR = f"{MOUNT_ROOT}/egress-meter"
-"""The sidecar writes the provider-usage checkpoint here; the subject's container (the
-relay) mounts it read-only."""
-EGRESS_CHECKPOINT = f"{EGRESS_METER_DIR}/provider-usage.json"
-RESULT_TOKEN_DIR = "/var/run/maka-eval/result-token"
+EGRESS_CHECKPOINT = f"{layout.POD_EGRESS_METER_DIR}/provider-usage.json"
+"""The subject's container (the relay) mounts the meter folder read-only."""
+RESULT_TOKEN_FILE = f"{layout.POD_RESULT_TOKEN_DIR}/token"
 """The result token alone (the relay's; its sandbox hides the folder from the subject)."""
-RESULT_TOKEN_FILE = f"{RESULT_TOKEN_DIR}/token"
 EGRESS_SIDECAR_USER = 65532
 EGRESS_SIDECAR_RESOURCES = {
     "requests": {"cpu": "50m", "memory": "96Mi"},
@@ -204,14 +186,14 @@ def attempt_object(
 def _task_dir(experiment: Experiment, task_id: str) -> str:
     benchmark = (experiment.spec.benchmark.config.path or ".").strip("/") or "."
     task = experiment.task(task_id)
-    return f"{BENCHMARK_DIR}/{benchmark}/{task.directory_name}".replace("/./", "/")
+    return f"{layout.POD_BENCHMARK_DIR}/{benchmark}/{task.directory_name}".replace("/./", "/")
 
 
 def _program(command: str) -> str:
     """A relative command path names a file of the experiment folder (the benchmark
     image's /benchmark); a bare name is looked up on the task image's PATH."""
     if "/" in command and not command.startswith("/"):
-        return f"{BENCHMARK_DIR}/{command.removeprefix('./')}"
+        return f"{layout.POD_BENCHMARK_DIR}/{command.removeprefix('./')}"
     return command
 
 
@@ -236,7 +218,7 @@ def attempt_plan(
     elif isinstance(subject, MakaSubject):
         assert host is not None, "validation requires a Runtime Host for maka subjects"
         program = _program(host.command)
-    root = f"{WORK_DIR}/attempt"
+    root = f"{layout.POD_WORK_DIR}/attempt"
     launch = subject_launch(
         subject,
         program=program,
@@ -276,15 +258,17 @@ def attempt_plan(
         run_id=experiment.id,
         attempt_id=attempt_uid_id,
         root=root,
-        artifacts_dir=ARTIFACTS_DIR,
+        artifacts_dir=layout.POD_ARTIFACTS_DIR,
         subject=launch,
         isolation=Isolation.AUTO,
         # The operator cannot see the task: the relay applies its settings in the Pod.
         task=None,
         task_dir=task_dir,
-        hidden=(BENCHMARK_DIR, RESULT_TOKEN_DIR) if policy is not None else (BENCHMARK_DIR,),
+        hidden=(layout.POD_BENCHMARK_DIR, layout.POD_RESULT_TOKEN_DIR)
+        if policy is not None
+        else (layout.POD_BENCHMARK_DIR,),
         visible=(launch.argv[0].rsplit("/", 1)[0],)
-        if launch.argv[0].startswith(BENCHMARK_DIR)
+        if launch.argv[0].startswith(layout.POD_BENCHMARK_DIR)
         else (),
         in_task_image=True,
         egress=egress,
@@ -361,24 +345,29 @@ def pod_object(
         # Copies the bundle and checks the copy against its manifest and the pins.
         relay_bundle.init_container(
             config.relay_image,
-            RELAY_BUNDLE_IN_IMAGE,
-            RELAY_DIR,
+            layout.RELAY_BUNDLE_IN_IMAGE,
+            layout.POD_RELAY_DIR,
             relay_bundle.pins(relay_digest, config.relay_bundle_digest),
             _security_context(),
         ),
         {
             "name": "benchmark",
             "image": config.benchmark_image,
-            "command": ["cp", "-a", f"{BENCHMARK_IN_IMAGE}/.", f"{BENCHMARK_DIR}/"],
-            "volumeMounts": [{"name": "benchmark", "mountPath": BENCHMARK_DIR}],
+            "command": [
+                "cp",
+                "-a",
+                f"{layout.BENCHMARK_IN_IMAGE}/.",
+                f"{layout.POD_BENCHMARK_DIR}/",
+            ],
+            "volumeMounts": [{"name": "benchmark", "mountPath": layout.POD_BENCHMARK_DIR}],
             "securityContext": _security_context(),
         },
     ]
     subject_mounts = [
-        {"name": "relay", "mountPath": RELAY_DIR, "readOnly": True},
-        {"name": "benchmark", "mountPath": BENCHMARK_DIR},
-        {"name": "work", "mountPath": WORK_DIR},
-        {"name": "artifacts", "mountPath": ARTIFACTS_DIR},
+        {"name": "relay", "mountPath": layout.POD_RELAY_DIR, "readOnly": True},
+        {"name": "benchmark", "mountPath": layout.POD_BENCHMARK_DIR},
+        {"name": "work", "mountPath": layout.POD_WORK_DIR},
+        {"name": "artifacts", "mountPath": layout.POD_ARTIFACTS_DIR},
     ]
     env = _credential_env(experiment, cell.subject_id, config)
     host_aliases = None
@@ -386,9 +375,9 @@ def pod_object(
         volumes += _egress_volumes(meta["name"])
         init.append(_egress_sidecar(config.egress_image, gateway))
         subject_mounts += [
-            {"name": "egress-ca", "mountPath": EGRESS_CA_DIR, "readOnly": True},
-            {"name": "egress-meter", "mountPath": EGRESS_METER_DIR, "readOnly": True},
-            {"name": "result-token", "mountPath": RESULT_TOKEN_DIR, "readOnly": True},
+            {"name": "egress-ca", "mountPath": layout.POD_EGRESS_CA_DIR, "readOnly": True},
+            {"name": "egress-meter", "mountPath": layout.POD_EGRESS_METER_DIR, "readOnly": True},
+            {"name": "result-token", "mountPath": layout.POD_RESULT_TOKEN_DIR, "readOnly": True},
         ]
         proxy_url = f"http://{EGRESS_PROXY_NAME}:{EGRESS_PROXY_PORT}"
         # The relay gives the subject the same variables (plan.egress); here they serve
@@ -409,12 +398,12 @@ def pod_object(
         {
             "name": SUBJECT_CONTAINER,
             "image": image,
-            "command": [RELAY_PROGRAM],
-            "args": ["--plan-json", plan.to_json(), "--result", TERMINATION_MESSAGE_PATH],
-            "workingDir": WORK_DIR,
+            "command": [layout.POD_RELAY_PROGRAM],
+            "args": ["--plan-json", plan.to_json(), "--result", layout.TERMINATION_MESSAGE_PATH],
+            "workingDir": layout.POD_WORK_DIR,
             "env": env or None,
             "resources": resources or None,
-            "terminationMessagePath": TERMINATION_MESSAGE_PATH,
+            "terminationMessagePath": layout.TERMINATION_MESSAGE_PATH,
             "terminationMessagePolicy": "File",
             "securityContext": _security_context(),
             "volumeMounts": subject_mounts,
@@ -489,7 +478,7 @@ def _egress_sidecar(image: str, gateway: GatewayRoute) -> dict[str, Any]:
     """The egress proxy as a native sidecar: it starts before the subject, which waits
     for its startupProbe, and is stopped after the subject has ended."""
     python = ["python3", "-m", "maka_eval.egress.sidecar"]
-    where = ["--port", str(EGRESS_PROXY_PORT), "--publish-dir", EGRESS_CA_DIR]
+    where = ["--port", str(EGRESS_PROXY_PORT), "--publish-dir", layout.POD_EGRESS_CA_DIR]
     return {
         "name": EGRESS_CONTAINER,
         "image": image,
@@ -500,19 +489,19 @@ def _egress_sidecar(image: str, gateway: GatewayRoute) -> dict[str, Any]:
             "--upstream",
             gateway.url,
             "--credential-file",
-            f"{EGRESS_SECRET_DIR}/{EGRESS_CREDENTIAL_KEY}",
+            f"{layout.POD_EGRESS_SECRET_DIR}/{EGRESS_CREDENTIAL_KEY}",
             "--policy-file",
-            f"{EGRESS_SECRET_DIR}/{EGRESS_POLICY_KEY}",
+            f"{layout.POD_EGRESS_SECRET_DIR}/{EGRESS_POLICY_KEY}",
             "--state-dir",
-            EGRESS_STATE_DIR,
+            layout.POD_EGRESS_STATE_DIR,
             "--checkpoint",
             EGRESS_CHECKPOINT,
             "--result-token-file",
-            f"{EGRESS_SECRET_DIR}/{EGRESS_RESULT_TOKEN_KEY}",
+            f"{layout.POD_EGRESS_SECRET_DIR}/{EGRESS_RESULT_TOKEN_KEY}",
         ],
         "env": [
-            {"name": "HOME", "value": EGRESS_STATE_DIR},
-            {"name": "TMPDIR", "value": EGRESS_STATE_DIR},
+            {"name": "HOME", "value": layout.POD_EGRESS_STATE_DIR},
+            {"name": "TMPDIR", "value": layout.POD_EGRESS_STATE_DIR},
         ],
         "startupProbe": {
             "exec": {"command": [*python, "--probe", *where]},
@@ -530,10 +519,10 @@ def _egress_sidecar(image: str, gateway: GatewayRoute) -> dict[str, Any]:
             "capabilities": {"drop": ["ALL"]},
         },
         "volumeMounts": [
-            {"name": "egress-secret", "mountPath": EGRESS_SECRET_DIR, "readOnly": True},
-            {"name": "egress-state", "mountPath": EGRESS_STATE_DIR},
-            {"name": "egress-ca", "mountPath": EGRESS_CA_DIR},
-            {"name": "egress-meter", "mountPath": EGRESS_METER_DIR},
+            {"name": "egress-secret", "mountPath": layout.POD_EGRESS_SECRET_DIR, "readOnly": True},
+            {"name": "egress-state", "mountPath": layout.POD_EGRESS_STATE_DIR},
+            {"name": "egress-ca", "mountPath": layout.POD_EGRESS_CA_DIR},
+            {"name": "egress-meter", "mountPath": layout.POD_EGRESS_METER_DIR},
         ],
     }
 

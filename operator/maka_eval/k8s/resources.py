@@ -14,7 +14,7 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from enum import StrEnum
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
@@ -30,6 +30,7 @@ from maka_eval.contract.kernel import (
     REASON_LIMIT,
 )
 from maka_eval.engine.expand import cell_id, group_id
+from maka_eval.engine.modes import RECORDED_ISOLATIONS
 from maka_eval.engine.status import AttemptStatus, StatusSource, Trigger
 from maka_eval.engine.usage import MAX_TOKENS
 from maka_eval.spec import ids
@@ -230,6 +231,13 @@ class KernelArtifact(ResourceModel):
     )
 
 
+if TYPE_CHECKING:
+    RecordedIsolation = str
+else:
+    # engine.modes lists the values once; a Literal of them keeps the CRD's enum.
+    RecordedIsolation = Literal[tuple(i.value for i in RECORDED_ISOLATIONS)]
+
+
 class KernelModel(ResourceModel):
     """The result kernel (contract/kernel.py): what one attempt produced. Written once."""
 
@@ -257,7 +265,7 @@ class KernelModel(ResourceModel):
     artifacts_omitted: int | None = Field(
         default=None, ge=0, description="Artifacts left out to keep the kernel within its bound."
     )
-    isolation: Literal["namespaces", "container", "none"] | None = Field(
+    isolation: RecordedIsolation | None = Field(
         default=None,
         description="What separated the subject from the host and other cells; "
         "null when the executor did not say.",

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
-from maka_eval import strict_json
+from maka_eval import layout, strict_json
 
 PROXY_NAME = "maka-eval-proxy"
 """The proxy's name in the sandbox's /etc/hosts (no resolver is reachable)."""
@@ -52,7 +52,7 @@ ADDRESS_POOL = ipaddress.IPv4Network("169.254.0.0/17")
 """Link-local: never routed off the machine. 169.254.0.0/24 (used by some hosts) is
 skipped; 169.254.169.254 (cloud metadata) lies outside the pool."""
 RESERVED = (ipaddress.IPv4Network("169.254.0.0/24"),)
-LOCK_FILE = Path("/run/maka-eval/netns.lock")
+LOCK_FILE = Path(layout.HOST_NETNS_LOCK)
 COMMAND_TIMEOUT = 30.0
 
 

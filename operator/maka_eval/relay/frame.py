@@ -26,7 +26,7 @@ import stat
 from collections.abc import Callable
 from typing import Any
 
-from maka_eval import strict_json
+from maka_eval import layout, strict_json
 from maka_eval.engine.bounds import (
     MAX_ATTEMPT_COST_USD,
     MAX_ATTEMPT_TOKENS,
@@ -38,7 +38,8 @@ from maka_eval.engine.usage import Usage, UsageError
 from maka_eval.printable import visible
 
 PROTOCOL = "maka.eval.result.v1"
-MAX_FRAME_BYTES = 64 * 1024
+MAX_FRAME_BYTES = layout.MAX_FRAME_BYTES
+"""The layout's figure, which Harbor's bridge reads too."""
 _FIELDS = {"protocol", "status", "usage", "costUsd"}
 
 

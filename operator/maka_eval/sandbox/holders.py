@@ -33,7 +33,14 @@ from functools import cache
 from pathlib import Path
 
 from maka_eval import strict_json
-from maka_eval.layout import FRAME_PATH, HOME_PATH, INSTRUCTION_PATH, TMP_PATH, WORKSPACE_PATH
+from maka_eval.layout import (
+    FRAME_PATH,
+    HOME_PATH,
+    HOST_ETC_VIEWS_DIR,
+    INSTRUCTION_PATH,
+    TMP_PATH,
+    WORKSPACE_PATH,
+)
 from maka_eval.processes.supervisor import ProcessSupervisor
 from maka_eval.sandbox.base import Layout, Network
 from maka_eval.sandbox.mounts import SlotTree
@@ -187,7 +194,7 @@ def _system_binds_once() -> tuple[str, ...]:
     return tuple(args)
 
 
-ETC_VIEWS = "/run/maka-eval/etc"
+ETC_VIEWS = HOST_ETC_VIEWS_DIR
 """Where each process keeps its copy of /etc for the sandboxes (`etc_view`); /run is
 never shown to a sandbox."""
 

@@ -20,6 +20,8 @@ import shutil
 import threading
 from pathlib import Path
 
+from maka_eval import layout
+
 MS_RDONLY = 0x1
 MS_REMOUNT = 0x20
 MS_BIND = 0x1000
@@ -27,7 +29,7 @@ MS_MOVE = 0x2000
 MS_PRIVATE = 0x40000
 MS_SHARED = 0x100000
 MNT_DETACH = 0x2
-SLOTS_ROOT = "/run/maka-eval/slots"
+SLOTS_ROOT = layout.HOST_SLOTS_DIR
 """Each tree of slots lives in SLOTS_ROOT/<pid>.<n>; /run is never shown to a sandbox."""
 
 _libc = ctypes.CDLL(None, use_errno=True)

@@ -7,11 +7,12 @@ Two wire forms mean the same experiment: the bare form (`schemaVersion: maka.eva
 
 from __future__ import annotations
 
-from typing import Annotated, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
 from pydantic import ConfigDict, Discriminator, Field, Tag
 from pydantic.json_schema import SkipJsonSchema
 
+from maka_eval.engine.modes import REQUESTED_ISOLATIONS, Isolation
 from maka_eval.layout import (
     DEFAULT_AGENT_TIMEOUT_SEC,
     DEFAULT_OUTPUT_LIMIT_BYTES,
@@ -119,14 +120,22 @@ EGRESS_DESCRIPTION = (
 )
 
 
+if TYPE_CHECKING:
+    IsolationSetting = str
+else:
+    # engine.modes lists the values once; a Literal of them keeps the schema's enum and
+    # the spec's error message ("use 'auto', 'namespaces' or 'none'") as they were.
+    IsolationSetting = Literal[tuple(i.value for i in REQUESTED_ISOLATIONS)]
+
+
 class LocalExecutorConfig(SpecModel):
     """Settings of the embedded local executor (processes on this machine)."""
 
     runtime_host: RuntimeHost | None = Field(
         default=None, description="Required when any subject has kind 'maka'."
     )
-    isolation: Literal["auto", "namespaces", "none"] = Field(
-        default="auto",
+    isolation: IsolationSetting = Field(
+        default=Isolation.AUTO.value,
         description=(
             "How each attempt is separated from this machine and from other cells. "
             "'namespaces': own PID, mount, IPC, UTS and network namespaces (Linux, root, "

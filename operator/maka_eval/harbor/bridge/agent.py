@@ -38,7 +38,7 @@ import shutil
 import stat
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from harbor.agents.base import BaseAgent
@@ -55,15 +55,8 @@ from .plan_file import PlanFile
 
 RECORD_NAME = "maka-relay.json"
 RECORD_FORMAT = "maka.eval.harbor-relay.v1"
-MAX_FRAME_BYTES = 64 * 1024
 OUTPUT_ENV = f"{layout.ENV_PREFIX}OUT"
 """Where the subject's wrapper writes its output (this bridge's own variable)."""
-ROOT = "/maka"
-PROGRAM_DIR = f"{ROOT}/bin"
-FRAME_FILE = f"{ROOT}/out/result.json"
-INSTRUCTION_FILE = f"{ROOT}/instruction.md"
-OUTPUT_DIR = f"{ROOT}/out"
-CREDENTIALS_FILE = f"{ROOT}/run/credentials.env"
 QUIESCE_TIMEOUT_SEC = 30
 
 GateHook = Callable[[str], Awaitable[None]]
@@ -117,10 +110,10 @@ def _read_regular(path: Path, limit: int) -> tuple[bytes | None, int]:
 
 
 def _frame(path: Path) -> dict[str, Any]:
-    data, size = _read_regular(path, MAX_FRAME_BYTES)
+    data, size = _read_regular(path, layout.MAX_FRAME_BYTES)
     if data is None:
         return {"state": "absent"}
-    if size > MAX_FRAME_BYTES:
+    if size > layout.MAX_FRAME_BYTES:
         return {"state": "oversized", "bytes": size}
     return {"state": "present", "data": base64.b64encode(data).decode()}
 
@@ -234,29 +227,37 @@ class RelayAgent(BaseAgent):  # type: ignore[misc]
         """Put what the subject needs in the environment with one copy and one root exec
         (each call into the environment costs a compose round trip)."""
         stage = Path(order.plan.root) / "stage"
-        for folder in ("bin", "run", "out"):
-            (stage / folder).mkdir(parents=True, exist_ok=True)
-        (stage / "instruction.md").write_text(order.instruction, encoding="utf-8")
+
+        def staged(path: str) -> Path:
+            """Where a path of the layout's relay folder is staged (uploaded as a whole)."""
+            return stage / PurePosixPath(path).relative_to(layout.RELAY_ROOT)
+
+        for folder in (layout.PROGRAM_DIR, layout.BRIDGE_RUN_DIR, layout.BRIDGE_OUTPUT_DIR):
+            staged(folder).mkdir(parents=True, exist_ok=True)
+        staged(layout.CONTAINER_INSTRUCTION_PATH).write_text(order.instruction, encoding="utf-8")
         if order.upload:
             program = Path(order.upload)
-            (stage / "bin" / program.name).write_bytes(program.read_bytes())
-        secret = stage / "run" / "credentials.env"
+            (staged(layout.PROGRAM_DIR) / program.name).write_bytes(program.read_bytes())
+        secret = staged(layout.BRIDGE_CREDENTIALS_FILE)
         if order.credentials:
             fd = os.open(secret, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             with os.fdopen(fd, "w") as handle:
                 handle.write(_env_file(order.credentials))
         try:
-            await environment.upload_dir(stage, ROOT)
+            await environment.upload_dir(stage, layout.RELAY_ROOT)
         finally:
             with contextlib.suppress(OSError):
                 secret.unlink()
         # The credentials file is readable by the subject's user; the wrapper deletes it
         # before the subject runs.
+        credentials = layout.BRIDGE_CREDENTIALS_FILE
         await self._root(
             environment,
-            f"chmod 0755 {ROOT} {PROGRAM_DIR} && chmod 0777 {ROOT}/run {OUTPUT_DIR} "
-            f"&& chmod 0644 {INSTRUCTION_FILE} && chmod -R a+rx {PROGRAM_DIR} "
-            f"&& {{ ! [ -f {CREDENTIALS_FILE} ] || chmod 0644 {CREDENTIALS_FILE}; }}",
+            f"chmod 0755 {layout.RELAY_ROOT} {layout.PROGRAM_DIR} "
+            f"&& chmod 0777 {layout.BRIDGE_RUN_DIR} {layout.BRIDGE_OUTPUT_DIR} "
+            f"&& chmod 0644 {layout.CONTAINER_INSTRUCTION_PATH} "
+            f"&& chmod -R a+rx {layout.PROGRAM_DIR} "
+            f"&& {{ ! [ -f {credentials} ] || chmod 0644 {credentials}; }}",
         )
 
     async def _command(
@@ -265,28 +266,29 @@ class RelayAgent(BaseAgent):  # type: ignore[misc]
         plan = order.plan
         argv = list(plan.subject.argv)
         if order.upload:
-            argv[0] = f"{PROGRAM_DIR}/{Path(order.upload).name}"
+            argv[0] = f"{layout.PROGRAM_DIR}/{Path(order.upload).name}"
         protocol = plan.subject.contract is ResultContract.PROTOCOL_V1
         env = {
             **plan.subject.env,
             **attempt_variables(plan),
-            layout.INSTRUCTION_FILE_ENV: INSTRUCTION_FILE,
-            OUTPUT_ENV: OUTPUT_DIR,
+            layout.INSTRUCTION_FILE_ENV: layout.CONTAINER_INSTRUCTION_PATH,
+            OUTPUT_ENV: layout.BRIDGE_OUTPUT_DIR,
             **FIXED_ENV,
         }
         if protocol:
-            env[layout.RESULT_FILE_ENV] = FRAME_FILE
+            env[layout.RESULT_FILE_ENV] = layout.BRIDGE_FRAME_FILE
         command = " ".join(
-            _quote(p) for p in ("sh", "-c", WRAPPER, "maka-relay", CREDENTIALS_FILE, *argv)
+            _quote(p)
+            for p in ("sh", "-c", WRAPPER, "maka-relay", layout.BRIDGE_CREDENTIALS_FILE, *argv)
         )
         result = await environment.exec(command=command, env=env)
         record: dict[str, Any] = {"end": "exited", "exitCode": result.return_code}
         out = Path(plan.root) / "out"
         try:
-            await environment.download_dir(OUTPUT_DIR, out)
+            await environment.download_dir(layout.BRIDGE_OUTPUT_DIR, out)
             self._keep_output(out, plan, redact)
             if protocol:
-                record["frame"] = _frame(out / Path(FRAME_FILE).name)
+                record["frame"] = _frame(out / PurePosixPath(layout.BRIDGE_FRAME_FILE).name)
         finally:
             # The raw output may hold a credential the subject printed: only the
             # redacted copy in the agent's logs is kept.
@@ -323,7 +325,7 @@ class RelayAgent(BaseAgent):  # type: ignore[misc]
         await environment.exec(command=command, user="root", timeout_sec=QUIESCE_TIMEOUT_SEC)
         out = Path(plan.root) / "out"
         try:
-            await environment.download_dir(OUTPUT_DIR, out)
+            await environment.download_dir(layout.BRIDGE_OUTPUT_DIR, out)
             self._keep_output(out, plan, redact)
         finally:
             shutil.rmtree(out, ignore_errors=True)

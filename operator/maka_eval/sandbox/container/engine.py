@@ -11,10 +11,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from maka_eval import layout
 from maka_eval.sandbox import exec as exec_helper
 
 ENGINE_SOCKETS = (
-    "unix:///run/maka-eval/podman.sock",
+    f"unix://{layout.HOST_PODMAN_SOCKET}",
     "unix:///var/run/docker.sock",
     "unix:///run/podman/podman.sock",
 )

@@ -68,6 +68,17 @@ from typing import IO, Any
 
 from maka_eval import strict_json
 from maka_eval.engine.modes import Isolation, NetworkMode
+from maka_eval.layout import (
+    CONTAINER_CA_CERT_PATH,
+    CONTAINER_FRAME_DIR,
+    CONTAINER_INSTRUCTION_PATH,
+    LOGS_ROOT,
+    PROGRAM_DIR,
+    RELAY_ROOT,
+    SOLUTION_PATH,
+    TESTS_PATH,
+    VERIFIER_BOX_PREFIX,
+)
 from maka_eval.processes.output import OutputCapture
 from maka_eval.processes.supervisor import MARKER_VARIABLE as ATTEMPT_MARKER
 from maka_eval.processes.supervisor import CancelToken, ProcessSupervisor, WaitEnd
@@ -91,9 +102,6 @@ from maka_eval.sandbox.plans import ContainerPlan
 DEFAULT_WORKDIR = "/"
 """Where programs run when neither task.toml nor the image names a workdir: the engine's
 own default, as under Harbor (`docker exec` without `-w`)."""
-PROGRAM_DIR = "/maka/bin"
-FRAME_DIR = "/maka/frame"
-INSTRUCTION_PATH = "/maka/instruction.md"
 STATE_TIMEOUT = 10.0
 """How long a container that refused an exec may still be called running by the engine."""
 MAX_FRAME_BYTES = 1 << 20
@@ -103,8 +111,6 @@ MAX_VERIFIER_BYTES = 256 << 20
 """What is taken of /logs/verifier (the rewards, and any report test.sh wrote)."""
 AGENT_REPORT_BYTES = 1 << 20
 """/logs/agent up to this size (as a tar) comes back with the verifier's reports."""
-CA_CERT_PATH = "/maka/egress/ca.pem"
-"""Where a policed container sees the egress proxy's CA certificate (read-only)."""
 SUBJECT_CAP_DROP = ("NET_RAW", "NET_ADMIN")
 """Dropped from a policed container (every process in it, the subject included): with
 them a process could write beneath the namespace's nftables policy or rewrite it."""
@@ -132,7 +138,14 @@ million paths); a longer list is the subject's doing and fails the attempt."""
 MAX_CONTENT_FILES = 256
 """At most this many files are read for the rules (entry points, the loader's cache)."""
 MAX_CONTENT_BYTES = 16 << 20
-RELAY_FOLDERS = ("/logs", "/tmp", "/maka", "/tests", "/solution", toolbox.MOUNT)
+RELAY_FOLDERS = (
+    LOGS_ROOT,
+    "/tmp",
+    RELAY_ROOT,
+    TESTS_PATH,
+    SOLUTION_PATH,
+    toolbox.MOUNT,
+)
 """Folders of the relay and the engine (with the workdir: the subject's working folders),
 whose changes are the attempt's own work, not evidence."""
 HARBOR_COMMAND = ("sh", "-c", "sleep infinity")
@@ -214,18 +227,18 @@ class ContainerSandbox:
         lay = self.layout
         paths = {
             lay.workspace: self.workdir,
-            lay.instruction: INSTRUCTION_PATH,
+            lay.instruction: CONTAINER_INSTRUCTION_PATH,
             lay.agent_logs: Layout.AGENT_LOGS_PATH,
             lay.tests: Layout.TESTS_PATH,
             lay.verifier_logs: Layout.VERIFIER_LOGS_PATH,
             **dict(lay.subject_dirs),
         }
         if lay.frame_dir is not None:
-            paths[lay.frame_dir] = FRAME_DIR
+            paths[lay.frame_dir] = CONTAINER_FRAME_DIR
         if self.plan.program and self._program:
             paths[self.plan.program] = self._program
         if self.network is not None and self.network.ca_cert is not None:
-            paths[self.network.ca_cert] = CA_CERT_PATH
+            paths[self.network.ca_cert] = CONTAINER_CA_CERT_PATH
         return paths
 
     def path_of(self, phase: Phase, host_path: str) -> str:
@@ -290,7 +303,7 @@ class ContainerSandbox:
             kwargs["cap_drop"] = list(SUBJECT_CAP_DROP)
             volumes[net.resolv_file] = {"bind": "/etc/resolv.conf", "mode": "ro"}
             if net.ca_cert is not None:
-                volumes[net.ca_cert] = {"bind": CA_CERT_PATH, "mode": "ro"}
+                volumes[net.ca_cert] = {"bind": CONTAINER_CA_CERT_PATH, "mode": "ro"}
         keeps_entrypoint = bool(config.get("Entrypoint"))
         if keeps_entrypoint:
             # As Harbor: the image's ENTRYPOINT runs, given `sh -c "sleep infinity"` (an
@@ -401,9 +414,9 @@ class ContainerSandbox:
         tar = TarBuilder()
         tar.folder("maka", 0o755)
         tar.folder(PROGRAM_DIR, 0o755)
-        tar.data(INSTRUCTION_PATH, Path(lay.instruction).read_bytes(), 0o644)
+        tar.data(CONTAINER_INSTRUCTION_PATH, Path(lay.instruction).read_bytes(), 0o644)
         if lay.frame_dir is not None:
-            tar.folder(FRAME_DIR, 0o777)
+            tar.folder(CONTAINER_FRAME_DIR, 0o777)
         tar.folder("logs", 0o755)
         tar.folder(Layout.AGENT_LOGS_PATH, 0o777)
         workspace = Path(lay.workspace)
@@ -730,7 +743,7 @@ class ContainerSandbox:
             raise OSError(
                 f"the verifier did not run: the subject changed what it runs on: {found.reason()}"
             )
-        box = f"/maka/.v-{secrets.token_hex(16)}"
+        box = f"{VERIFIER_BOX_PREFIX}{secrets.token_hex(16)}"
         tests = TarBuilder()
         tests.tree(Path(self.layout.tests), "")
         payload = tests.bytes()
@@ -862,7 +875,7 @@ class ContainerSandbox:
     def _download_frame(self) -> None:
         if self.layout.frame_dir is None:
             return
-        data = self._get(f"{FRAME_DIR}/result.json", MAX_FRAME_BYTES)
+        data = self._get(f"{CONTAINER_FRAME_DIR}/result.json", MAX_FRAME_BYTES)
         if data:
             # A later step's subject: the frame it leaves replaces the last step's.
             with contextlib.suppress(OSError):

@@ -21,8 +21,9 @@ the verifier's user, can neither trace it nor look into it. Secrets travel in th
 environment, never in argv.
 
 A program is its files joined in order: the functions it calls (`user_ids` in
-user-ids.sh, `facts` in image-facts.sh) come first. `@MARKER_CAP@` in a file is
-MARKER_CAP's number.
+user-ids.sh, `facts` in image-facts.sh) come first. A shell file cannot import the paths
+of `maka_eval.layout` and `sandbox.toolbox`, so it names them `@NAME@` and `program`
+writes them in (SUBSTITUTIONS); `@MARKER_CAP@` is MARKER_CAP's number.
 """
 
 from __future__ import annotations
@@ -30,10 +31,23 @@ from __future__ import annotations
 import functools
 from importlib import resources
 
+from maka_eval import layout
 from maka_eval.sandbox import toolbox
 
 MARKER_CAP = 35
 """CAP_WAKE_ALARM: held by the holder and the verifier, dropped by the subject."""
+
+SUBSTITUTIONS: dict[str, str] = {
+    "@MARKER_CAP@": str(MARKER_CAP),
+    "@TESTS_PATH@": layout.TESTS_PATH,
+    "@VERIFIER_LOGS_PATH@": layout.VERIFIER_LOGS_PATH,
+    "@AGENT_LOGS_PATH@": layout.AGENT_LOGS_PATH,
+    "@VERIFIER_BOX_PREFIX@": layout.VERIFIER_BOX_PREFIX,
+    "@TOOLBOX_BIN@": toolbox.BIN,
+    "@TOOLBOX_SETPRIV@": toolbox.SETPRIV,
+    "@TOOLBOX_PRIVATE@": toolbox.PRIVATE,
+}
+"""`@NAME@` in a scripts/ file -> what the program says there."""
 
 PROGRAMS: dict[str, tuple[str, ...]] = {
     "maka-holder": ("image-facts.sh", "user-ids.sh", "holder.sh"),
@@ -61,7 +75,9 @@ def program(name: str) -> str:
     """The text of a program of PROGRAMS, as the shell runs it."""
     folder = resources.files("maka_eval.sandbox.container").joinpath("scripts")
     text = "\n".join(folder.joinpath(f).read_text(encoding="utf-8") for f in PROGRAMS[name])
-    return text.replace("@MARKER_CAP@", str(MARKER_CAP))
+    for placeholder, value in SUBSTITUTIONS.items():
+        text = text.replace(placeholder, value)
+    return text
 
 
 def argv(name: str, *args: str) -> list[str]:

@@ -1,4 +1,4 @@
 # shellcheck shell=sh
 # What the last verifier left in the container (its upload folders) goes before the next
 # step.
-rm -rf /maka/.v-*
+rm -rf @VERIFIER_BOX_PREFIX@*

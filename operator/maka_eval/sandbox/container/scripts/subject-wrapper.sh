@@ -6,4 +6,4 @@ user_ids
 [ -z "$u" ] || export HOME="${home:-/}"
 # $ids is a list of maka-setpriv options (empty for root): split on purpose.
 # shellcheck disable=SC2086
-exec /.maka-tools/bin/maka-setpriv $ids --drop-bounding @MARKER_CAP@ -- "$@"
+exec @TOOLBOX_SETPRIV@ $ids --drop-bounding @MARKER_CAP@ -- "$@"
