@@ -21,7 +21,6 @@ from pathlib import Path
 from maka_eval.egress.policy import EgressPolicy
 from maka_eval.engine.status import AttemptStatus
 from maka_eval.local import netns
-from maka_eval.relay import attempt as relay_attempt
 from maka_eval.sandbox import process
 from maka_eval.store.run_store import artifact_path, read_run
 from tests.egress import attacks
@@ -158,7 +157,8 @@ def test_the_gate_refuses_a_subject_outside_the_policed_namespace(tmp_path, monk
     def unpoliced(isolation, supervisor, attempt_id, layout, network=None, pool=None):
         return made(isolation, supervisor, attempt_id, layout, None, pool)
 
-    monkeypatch.setattr(relay_attempt, "make_sandbox", unpoliced)
+    # The relay makes it through the registry's process backend (sandbox.backends).
+    monkeypatch.setattr(process, "make_sandbox", unpoliced)
     reason, _ = _refused(tmp_path)
     assert "not in the network namespace the egress policy was applied to" in reason
 
