@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import BinaryIO
 
 from maka_eval import layout as paths
 from maka_eval.artifacts import NAME_MAX_BYTES, Redactor, artifact_name, copy_artifact
@@ -34,14 +35,12 @@ from maka_eval.engine.classify import (
     classify,
 )
 from maka_eval.engine.environment import Healthcheck, TaskArtifact
-from maka_eval.engine.launch import SOLUTION_DIR_NAME
 from maka_eval.engine.modes import Isolation
-from maka_eval.engine.task_settings import StepPlan
 from maka_eval.printable import escaped
 from maka_eval.processes.output import DiskFull, OutputCapture
 from maka_eval.processes.supervisor import CancelToken, ProcessSupervisor, WaitEnd
 from maka_eval.processes.table import RUN_MARKER
-from maka_eval.relay import steps
+from maka_eval.relay import multistep
 from maka_eval.relay.environment import (
     RESOLV_CONF,
     base_environment,
@@ -57,7 +56,6 @@ from maka_eval.relay.gate import PROBE_TIMEOUT_SEC, probe_argv, read_evidence, r
 from maka_eval.relay.metering import recover_metered
 from maka_eval.relay.outcome import AttemptOutcome, build_kernel
 from maka_eval.relay.plan import AttemptPlan, EgressPlan
-from maka_eval.relay.steps import StepOutcome
 from maka_eval.relay.verifier import read_reward
 from maka_eval.sandbox import backends
 from maka_eval.sandbox.backends import SandboxRequest
@@ -70,7 +68,7 @@ LOW_DISK_BYTES = 1 << 20
 there (output, rewards, records) can be trusted to be whole."""
 
 SETUP_OUTPUT_BYTES = 2000
-"""What of a failed step setup's output the record quotes."""
+"""What of a failed setup's or healthcheck's output the record quotes."""
 
 
 def _file_digest(path: Path) -> tuple[int, int, int, int] | None:
@@ -249,8 +247,9 @@ _END = {
 }
 
 
-class _Attempt:
-    """One attempt's phases; `run_attempt` is the entry point."""
+class Attempt:
+    """One attempt's phases; `run_attempt` is the entry point. A multi-step task's steps
+    are run by relay.multistep through the public methods."""
 
     def __init__(
         self,
@@ -342,7 +341,7 @@ class _Attempt:
             ca_cert=egress.ca_cert,
         )
 
-    def _inside(self, phase: Phase, path: Path | str) -> str:
+    def inside(self, phase: Phase, path: Path | str) -> str:
         """Where `phase` sees a host path of the attempt (the same path, but in a
         container: Harbor's)."""
         return self.sandbox.path_of(phase, str(path))
@@ -351,7 +350,7 @@ class _Attempt:
         """The program as `phase` starts it: a script without `#!` through bash, paths
         of the attempt as the sandbox shows them."""
         shell = "bash" if self.sandbox.isolation is Isolation.CONTAINER else None
-        return [self._inside(phase, arg) for arg in interpreted(argv, shell)]
+        return [self.inside(phase, arg) for arg in interpreted(argv, shell)]
 
     # -- phases ---------------------------------------------------------------------
     def pass_gate(self) -> None:
@@ -382,8 +381,8 @@ class _Attempt:
         shows_runtime = self.sandbox.isolation is Isolation.NAMESPACES and not plan.in_task_image
         self.base_env = base_environment(
             attempt_id=plan.attempt_id,
-            home=self._inside(Phase.SUBJECT, layout.home),
-            tmp=self._inside(Phase.SUBJECT, layout.tmp),
+            home=self.inside(Phase.SUBJECT, layout.home),
+            tmp=self.inside(Phase.SUBJECT, layout.tmp),
             host_env=self.host_env,
             # Only the machine's runtime folders are there to search.
             path=runtime_path(self.host_env.get("PATH")) if shows_runtime else None,
@@ -397,9 +396,11 @@ class _Attempt:
         self.captures[f"{prefix}.stderr"] = err
         return out, err
 
-    def _attempt_vars(self) -> dict[str, str]:
+    def attempt_vars(self) -> dict[str, str]:
+        """The attempt's MAKA_EVAL_* values (and the run marker), paths as the subject
+        sees them: what the subject and the programs set up for it are given."""
         plan, layout = self.plan, self.layout
-        inside = functools.partial(self._inside, Phase.SUBJECT)
+        inside = functools.partial(self.inside, Phase.SUBJECT)
         values = {
             RUN_MARKER: plan.run_id,
             paths.CELL_ID_ENV: plan.cell_id,
@@ -420,7 +421,7 @@ class _Attempt:
         Harbor collects them: each source (relative ones in the workdir) into `into`,
         at its destination or else its own path; best effort, what could not be
         collected is noted."""
-        workdir = self._inside(Phase.SUBJECT, self.layout.workspace)
+        workdir = self.inside(Phase.SUBJECT, self.layout.workspace)
         for entry in entries:
             source = posixpath.normpath(posixpath.join(workdir, entry.source))
             # At its destination, else at its source path as written (Harbor's mirror).
@@ -440,18 +441,20 @@ class _Attempt:
         ca = egress.ca_cert
         return egress_environment(
             f"http://{egress.proxy_name}:{egress.proxy_port}",
-            self._inside(phase, ca) if ca is not None else None,
+            self.inside(phase, ca) if ca is not None else None,
         )
 
     def run_subject(
         self, timeout: float | None = None, user: str | None = None, prefix: str = "subject"
     ) -> Execution:
+        """Run the subject to its end (the task's agent timeout unless `timeout`), its
+        output captured as `<prefix>.stdout`/`.stderr`; how it ended."""
         plan, layout = self.plan, self.layout
         timeout = plan.agent_timeout_sec if timeout is None else timeout
         if self.cancel.is_set():
             return Execution(ExecutionEnd.CANCELLED)
         env = subject_environment(
-            self.base_env, self._attempt_vars(), plan.subject.env, self.credentials
+            self.base_env, self.attempt_vars(), plan.subject.env, self.credentials
         )
         if plan.egress is not None:
             env.update(self._egress_environment(Phase.SUBJECT, plan.egress))
@@ -460,7 +463,7 @@ class _Attempt:
             proc = self.sandbox.spawn(
                 Phase.SUBJECT,
                 self._argv(Phase.SUBJECT, plan.subject.argv),
-                cwd=self._inside(Phase.SUBJECT, layout.workspace),
+                cwd=self.inside(Phase.SUBJECT, layout.workspace),
                 env=env,
                 stdout=out.child_fd,
                 stderr=err.child_fd,
@@ -499,7 +502,7 @@ class _Attempt:
                     Phase.SUBJECT,
                     probe_argv(),
                     env=self.base_env,
-                    cwd=self._inside(Phase.SUBJECT, self.layout.workspace),
+                    cwd=self.inside(Phase.SUBJECT, self.layout.workspace),
                     stdout=out,
                     stderr=out,
                 )
@@ -524,26 +527,35 @@ class _Attempt:
         finally:
             os.close(fd)
 
-    def verify(self, step: StepPlan | None = None) -> Verification | None:
+    def verify(
+        self,
+        tests_dirs: Sequence[str] | None = None,
+        *,
+        timeout_sec: float | None = None,
+        env: Mapping[str, str] | None = None,
+        user: str | None = None,
+        output: str = "verifier",
+    ) -> Verification | None:
         """Run tests/test.sh in the environment the subject left; None if cancelled.
 
-        A step's verifier gets the task's tests/ overlaid by the step's, and the step's
-        timeout, env and user."""
+        By default with the task's tests, timeout and env; a step's verifier passes its
+        own (`tests_dirs` copied into /tests in order) and `output`, the name its
+        output is captured under."""
         plan, layout = self.plan, self.layout
         # Tests reach the attempt only now, after the subject has stopped.
-        for tests_dir in step.tests_dirs if step is not None else (plan.tests_dir,):
+        for tests_dir in tests_dirs if tests_dirs is not None else (plan.tests_dir,):
             _copy_tree(tests_dir, layout.tests)
         self._fresh_verifier_logs()
         script = layout.tests / "test.sh"
         _make_executable(script)
-        inside = functools.partial(self._inside, Phase.VERIFIER)
-        timeout = step.verifier_timeout_sec if step is not None else plan.verifier_timeout_sec
-        env = verifier_environment(
+        inside = functools.partial(self.inside, Phase.VERIFIER)
+        timeout = plan.verifier_timeout_sec if timeout_sec is None else timeout_sec
+        verifier_env = verifier_environment(
             self.base_env,
-            step.verifier_env if step is not None else plan.verifier_env,
+            plan.verifier_env if env is None else env,
             self.sandbox.verifier_dirs(),
         )
-        env.update(
+        verifier_env.update(
             {
                 paths.WORKSPACE_ENV: inside(layout.workspace),
                 paths.TESTS_DIR_ENV: inside(layout.tests),
@@ -552,17 +564,17 @@ class _Attempt:
             }
         )
         if plan.egress is not None and plan.egress.verifier_uses_proxy:
-            env.update(self._egress_environment(Phase.VERIFIER, plan.egress))
-        out, err = self._capture(f"steps/{step.name}/verifier" if step else "verifier")
+            verifier_env.update(self._egress_environment(Phase.VERIFIER, plan.egress))
+        out, err = self._capture(output)
         try:
             proc = self.sandbox.spawn(
                 Phase.VERIFIER,
                 self._argv(Phase.VERIFIER, [str(script)]),
                 cwd=inside(layout.workspace),
-                env=env,
+                env=verifier_env,
                 stdout=out.child_fd,
                 stderr=err.child_fd,
-                user=step.verifier_user if step is not None else None,
+                user=user,
             )
         except OSError as exc:
             return Verification(None, f"cannot start tests/test.sh: {exc.strerror or exc}")
@@ -586,99 +598,8 @@ class _Attempt:
             self._rewards_read.append((path, _file_digest(path)))
         return verification
 
-    # -- multi-step tasks -------------------------------------------------------------
-    def run_steps(self) -> tuple[Execution, Verification]:
-        """Run the task's steps in order in the one sandbox (relay.steps has the rules);
-        the attempt's execution and verification over them."""
-        plan = self.plan
-        outcomes: list[StepOutcome] = []
-        for index, step in enumerate(plan.steps):
-            try:
-                if index:
-                    self._between_steps(plan.steps[index - 1])
-                outcome = self._run_step(step)
-            except OSError as exc:
-                if exc.errno == errno.ENOSPC:
-                    raise
-                error = f"{type(exc).__name__}: {exc}"
-                outcome = StepOutcome(step.name, Execution(ExecutionEnd.THREW, error=error))
-            outcomes.append(outcome)
-            self.timings.update({f"step.{step.name}.{k}": v for k, v in outcome.timings.items()})
-            why = steps.stop_reason(outcome, step.min_reward)
-            rest = [s.name for s in plan.steps[index + 1 :]]
-            if why is not None and rest:
-                self.notes.append(
-                    f"step {step.name}: {why}; the remaining steps did not run ({', '.join(rest)})"
-                )
-            if why is not None:
-                break
-        self.step_metrics = steps.step_metrics(outcomes)
-        return (
-            steps.aggregate_execution(outcomes),
-            steps.aggregate_verification(outcomes, plan.step_reward_strategy, plan.score_key),
-        )
-
-    def _run_step(self, step: StepPlan) -> StepOutcome:
-        """One step: its files and setup, its subject, its verifier."""
-        t0 = time.perf_counter()
-        self.layout.step_dir(step.name).mkdir(parents=True, exist_ok=True)
-        if self.cancel.is_set():
-            return StepOutcome(step.name, Execution(ExecutionEnd.CANCELLED))
-        failed = self._prepare_step(step)
-        t1 = time.perf_counter()
-        timings = {"setupSec": t1 - t0}
-        if failed is not None:
-            threw = Execution(ExecutionEnd.THREW, error=failed)
-            return StepOutcome(step.name, threw, None, timings)
-        execution = self.run_subject(
-            step.agent_timeout_sec, step.agent_user, f"steps/{step.name}/subject"
-        )
-        if execution.end in (ExecutionEnd.EXITED, ExecutionEnd.TIMED_OUT):
-            entries = (*self.plan.artifacts, *step.artifacts)
-            self.collect_artifacts(entries, self.layout.step_dir(step.name) / "artifacts")
-        t2 = time.perf_counter()
-        timings["subjectSec"] = t2 - t1
-        verification: Verification | None = None
-        if execution.end in (ExecutionEnd.EXITED, ExecutionEnd.TIMED_OUT):
-            verification = self.verify(step)
-            if verification is None:
-                execution = Execution(ExecutionEnd.CANCELLED)
-        timings["verifierSec"] = time.perf_counter() - t2
-        return StepOutcome(step.name, execution, verification, timings)
-
-    def _prepare_step(self, step: StepPlan) -> str | None:
-        """The step's instruction, the oracle's solution for it, its workdir files and
-        setup.sh (with bash, as the subject's user); why the step cannot run, or None."""
-        layout = self.layout
-        subject = functools.partial(self._inside, Phase.SUBJECT)
-        shutil.copyfile(step.instruction_file, layout.instruction)  # in place: it is shown
-        self.sandbox.upload(str(layout.instruction), subject(layout.instruction))
-        solution = layout.root / SOLUTION_DIR_NAME
-        if SOLUTION_DIR_NAME in self.plan.subject.extra_dirs and step.solution_dir is not None:
-            for entry in list(solution.iterdir()):  # emptied in place: it is shown too
-                if entry.is_dir() and not entry.is_symlink():
-                    shutil.rmtree(entry)
-                else:
-                    entry.unlink()
-            _copy_tree(step.solution_dir, solution)
-            for script in solution.glob("*.sh"):
-                _make_executable(script)
-        if step.workdir_dir is not None:
-            workdir = subject(layout.workspace)
-            try:
-                self.sandbox.upload(step.workdir_dir, workdir, user=step.agent_user)
-            except OSError as exc:
-                return f"its workdir files could not be uploaded: {exc.strerror or exc}"
-            if os.path.isfile(os.path.join(step.workdir_dir, "setup.sh")):
-                failed = self._run_setup(step, f"{workdir.rstrip('/')}/setup.sh")
-                if failed is not None:
-                    return failed
-        if step.healthcheck is not None:
-            folder = self.layout.step_dir(step.name)
-            return self._healthy(step.healthcheck, "its healthcheck", step.agent_user, folder)
-        return None
-
-    def _healthy(
+    # -- healthchecks ----------------------------------------------------------------
+    def healthy(
         self,
         check: Healthcheck,
         what: str,
@@ -691,7 +612,7 @@ class _Attempt:
         Why it is not (or the run was cancelled meanwhile), or None."""
         start_period_end = time.monotonic() + check.start_period_sec
         failures = 0
-        env = {**self.base_env, **self._attempt_vars()}
+        env = {**self.base_env, **self.attempt_vars()}
         output = (folder or self.layout.root) / "healthcheck.out"
         while True:
             in_start_period = time.monotonic() < start_period_end
@@ -724,7 +645,7 @@ class _Attempt:
                     Phase.SUBJECT,
                     ["bash", "-c", check.command],
                     env=env,
-                    cwd=self._inside(Phase.SUBJECT, self.layout.workspace),
+                    cwd=self.inside(Phase.SUBJECT, self.layout.workspace),
                     stdout=out,
                     stderr=out,
                     user=user,
@@ -740,54 +661,42 @@ class _Attempt:
                 return None, f"timed out after {check.timeout_sec:g}s"
             if end is WaitEnd.CANCELLED:
                 return None, "cancelled"
-            out.seek(0)
-            said = self.redactor.text(out.read(1 << 16).decode(errors="replace").strip())
-        return code, f"exit code {code}" + (f", {said[-SETUP_OUTPUT_BYTES:]}" if said else "")
+            said = self.quote_output(out)
+        return code, f"exit code {code}" + (f", {said}" if said else "")
 
-    def _run_setup(self, step: StepPlan, script: str) -> str | None:
-        """`bash <workdir>/setup.sh`, as Harbor runs it; why it failed, or None."""
-        env = {**self.base_env, **self._attempt_vars()}
-        with open(self.layout.step_dir(step.name) / "setup.out", "w+b") as out:
-            try:
-                proc = self.sandbox.spawn(
-                    Phase.SUBJECT,
-                    ["bash", script],
-                    env=env,
-                    cwd=self._inside(Phase.SUBJECT, self.layout.workspace),
-                    stdout=out,
-                    stderr=out,
-                    user=step.agent_user,
-                )
-            except OSError as exc:
-                return f"its setup.sh could not start: {exc.strerror or exc}"
-            end = self.sandbox.wait(proc, step.agent_timeout_sec, self.cancel)
-            if end is not WaitEnd.EXITED:
-                self.sandbox.quiesce(Phase.SUBJECT, proc)
-            code = self.sandbox.release(proc)
-            if end is WaitEnd.CANCELLED:
-                return "the run was cancelled during its setup.sh"
-            if end is WaitEnd.TIMED_OUT:
-                return f"its setup.sh timed out after {step.agent_timeout_sec:g}s"
-            if code == 0:
-                return None
-            out.seek(0)
-            said = self.redactor.text(out.read(1 << 16).decode(errors="replace").strip())
-        return f"its setup.sh exited with code {code}: {said[-SETUP_OUTPUT_BYTES:]}"
+    def quote_output(self, out: BinaryIO) -> str:
+        """The end of what a program set up for the subject wrote to `out` (a file
+        opened for reading), redacted: what the record quotes of it."""
+        out.seek(0)
+        said = self.redactor.text(out.read(1 << 16).decode(errors="replace").strip())
+        return said[-SETUP_OUTPUT_BYTES:]
 
-    def _between_steps(self, previous: StepPlan) -> None:
-        """The previous step's verifier logs are kept with the step; the next verifier
-        starts from empty /tests and /logs/verifier, out of the subject's sight."""
+    def reset_verifier_files(self, keep_logs_in: Path) -> None:
+        """Between the steps of a multi-step task: the verifier's logs move to
+        `keep_logs_in` (a reward file read there is still checked for changes after the
+        run) and /tests goes, so the next verifier starts from empty folders."""
         layout = self.layout
-        kept = layout.step_dir(previous.name) / "verifier"
         if layout.verifier_logs.is_dir() and not layout.verifier_logs.is_symlink():
-            os.replace(layout.verifier_logs, kept)
+            os.replace(layout.verifier_logs, keep_logs_in)
             self._rewards_read = [
-                (kept / path.name if path.parent == layout.verifier_logs else path, digest)
+                (keep_logs_in / path.name if path.parent == layout.verifier_logs else path, digest)
                 for path, digest in self._rewards_read
             ]
         if layout.tests.is_dir() and not layout.tests.is_symlink():
             shutil.rmtree(layout.tests)
-        self.sandbox.next_step()
+
+    def refill_subject_dir(self, name: str, source: str) -> None:
+        """Empty the subject's extra folder `name` in place (the sandbox shows it) and
+        copy `source` into it, its scripts made executable: a step's own solution."""
+        folder = self.layout.root / name
+        for entry in list(folder.iterdir()):
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink()
+        _copy_tree(source, folder)
+        for script in folder.glob("*.sh"):
+            _make_executable(script)
 
     def _fresh_verifier_logs(self) -> None:
         """The verifier's log folder is made empty now, after the subject has finished;
@@ -825,7 +734,7 @@ class _Attempt:
             if self.sandbox.isolation is not Isolation.NONE:
                 with contextlib.suppress(Exception):
                     self.sandbox.download(
-                        self._inside(Phase.SUBJECT, self.layout.agent_logs),
+                        self.inside(Phase.SUBJECT, self.layout.agent_logs),
                         str(self.layout.agent_logs),
                         self.plan.output_limit_bytes,
                     )
@@ -955,14 +864,14 @@ class _Attempt:
             refused = self.check_gate()
             if refused is None and self.plan.healthcheck is not None:
                 # Before the group's gate: its subjects start together once all are up.
-                refused = self._healthy(self.plan.healthcheck, "healthcheck")
+                refused = self.healthy(self.plan.healthcheck, "healthcheck")
             t_prepared = time.perf_counter()
             self.pass_gate()
             if refused is not None:
                 # Nothing of the subject started; an infrastructure failure says why.
                 execution = Execution(ExecutionEnd.THREW, error=refused)
             elif self.plan.steps:
-                execution, verification = self.run_steps()
+                execution, verification = multistep.run_steps(self)
             else:
                 execution = self.run_subject()
                 if execution.end in (ExecutionEnd.EXITED, ExecutionEnd.TIMED_OUT):
@@ -1024,9 +933,7 @@ class _Attempt:
         if self.plan.steps:
             # The steps interleave the phases: each phase's time is the sum over them.
             step_times = self.timings
-            t_subject = t_prepared + sum(
-                v for k, v in step_times.items() if k.endswith((".subjectSec", ".setupSec"))
-            )
+            t_subject = t_prepared + multistep.subject_seconds(step_times)
             t_verified = max(t_verified, t_subject)
         else:
             step_times = {}
@@ -1082,4 +989,4 @@ def run_attempt(
     `pool` (the local executor's) hands the process sandbox namespaces made ahead.
     """
     env = host_env if host_env is not None else host_environment()
-    return _Attempt(plan, supervisor, cancel, env, start_gate, settle_metering, pool).run()
+    return Attempt(plan, supervisor, cancel, env, start_gate, settle_metering, pool).run()
