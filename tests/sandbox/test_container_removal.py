@@ -201,3 +201,26 @@ def test_a_tag_moved_during_a_run_changes_none_of_its_attempts(container_engine,
         python_id.removeprefix("sha256:"),  # resolved again by the next run
     ]
     assert leftover_containers(container_engine, "pinning-test") == []
+
+
+def test_a_holder_that_never_answers_is_an_infrastructure_failure(
+    container_engine, tmp_path, monkeypatch
+):
+    # The engine accepts the privileged exec but the holder says neither `ready` nor
+    # `fail` (seen under load): the attempt must not go on with a verifier whose /tests
+    # and /logs/verifier the subject's leftovers could reach; it fails to start, retried.
+    from maka_eval.sandbox.container import shell
+
+    real = shell.program
+
+    def silent(name: str) -> str:
+        return "exit 0" if name == "maka-holder" else real(name)
+
+    monkeypatch.setattr(shell, "program", silent)
+    sandbox = _sandbox(tmp_path, container_engine, BASE_IMAGE, 99)
+    try:
+        with pytest.raises(OSError, match="the verifier's holder did not start: no answer"):
+            sandbox.start()
+    finally:
+        sandbox.stop()
+    assert sandbox.container_id is None

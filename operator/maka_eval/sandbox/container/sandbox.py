@@ -453,8 +453,15 @@ class ContainerSandbox:
             elif answer.startswith("fail "):
                 self.private_view = answer.removeprefix("fail ")[:300]
             else:
+                # The engine ran the privileged exec but the holder never said ready or
+                # why not: a transient failure, before any subject ran. Retried as such;
+                # never a verifier without private folders (only an engine that cannot
+                # give them, the two cases above, runs one, with a note).
                 tail = out.decode(errors="replace").strip()[-200:]
-                self.private_view = f"the holder did not start: {tail or 'no answer'}"
+                raise OSError(
+                    f"the verifier's holder did not start: {tail or 'no answer'} "
+                    "(an infrastructure failure: the attempt runs again)"
+                )
         lines = out.decode(errors="replace").splitlines()
         if "the verifier's toolbox" in (self.private_view or ""):
             raise OSError(f"{self.private_view} (the engine did not mount it)")
