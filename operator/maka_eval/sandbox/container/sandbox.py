@@ -79,12 +79,11 @@ from maka_eval.layout import (
     TESTS_PATH,
     VERIFIER_BOX_PREFIX,
 )
-from maka_eval.processes.output import OutputCapture
 from maka_eval.processes.supervisor import MARKER_VARIABLE as ATTEMPT_MARKER
-from maka_eval.processes.supervisor import CancelToken, ProcessSupervisor, WaitEnd
+from maka_eval.processes.supervisor import ProcessSupervisor
 from maka_eval.sandbox import changes, toolbox
 from maka_eval.sandbox import exec as exec_helper
-from maka_eval.sandbox.base import Layout, Network, Phase, mapped
+from maka_eval.sandbox.base import Layout, Network, Phase, SandboxBase, mapped
 from maka_eval.sandbox.container import image_facts, shell
 from maka_eval.sandbox.container.archive import TarBuilder, extract_into, inner_file, read_stream
 from maka_eval.sandbox.container.engine import (
@@ -161,8 +160,10 @@ class Unlistable(Exception):
     made its container impossible to check, which fails the attempt."""
 
 
-class ContainerSandbox:
-    """One attempt in one container of the task's image (see the module docstring)."""
+class ContainerSandbox(SandboxBase):
+    """One attempt in one container of the task's image (see the module docstring).
+    Waiting, the attempt's processes and the verifier's folders (its own, in the
+    container: HOME and TMPDIR from the relay are not passed in) are SandboxBase's."""
 
     isolation = Isolation.CONTAINER
 
@@ -177,16 +178,13 @@ class ContainerSandbox:
         labels: Mapping[str, str] | None = None,
         network: Network | None = None,
     ) -> None:
-        self.supervisor = supervisor
+        super().__init__(supervisor, attempt_id, layout)
         self.network = network
         """The executor's policed namespace the container joins (Podman's `ns:` mode)."""
-        self.attempt_id = attempt_id
-        self.layout = layout
         self.plan = plan
         self.task_id = task_id
         self.labels = {f"{LABEL}.attempt-id": attempt_id, f"{LABEL}.task-id": task_id}
         self.labels.update({f"{LABEL}.{k}": v for k, v in (labels or {}).items()})
-        self.notes: list[str] = []
         self.container_id: str | None = None
         self._through_link = False
         """Whether the last `_get` refused a path that the engine reached through a link."""
@@ -857,15 +855,6 @@ class ContainerSandbox:
         return done
 
     # -- waiting and ending -----------------------------------------------------------
-    def wait(
-        self,
-        proc: subprocess.Popen[bytes],
-        timeout: float,
-        cancel: CancelToken,
-        captures: Sequence[OutputCapture] = (),
-    ) -> WaitEnd:
-        return self.supervisor.wait(proc, timeout, cancel, captures)
-
     def release(self, proc: subprocess.Popen[bytes]) -> int:
         code = self.supervisor.release(proc)
         phase, box, reports = self._phases.pop(proc.pid, (Phase.SUBJECT, None, None))
@@ -949,13 +938,6 @@ class ContainerSandbox:
         if self.container_id is not None:
             holder = self._holder.split()[0] if self._holder is not None else ""
             self._run_root(shell.argv("maka-quiesce", holder))
-
-    def processes(self) -> list[int]:
-        return sorted(self.supervisor.members([], self.attempt_id))
-
-    def verifier_dirs(self) -> tuple[str, str] | None:
-        """The container's own (HOME and TMPDIR from the relay are not passed in)."""
-        return None
 
     def tampering(self) -> str | None:
         """The container's changes, once the verifiers ran: every one outside the working
